@@ -1,0 +1,156 @@
+"""Read and write GGUF LoRA adapters in the exact layout llama.cpp's `llama_adapter_lora_init` loads.
+
+Conventions (checked against llama.cpp, see the shared llama-cpp-lora note):
+- metadata `general.type = "adapter"`, `adapter.type = "lora"`, `general.architecture` = base's,
+  `adapter.lora.alpha` as FLOAT32 (a float64 alpha aborts llama.cpp);
+- tensors `<base tensor>.lora_a` with numpy shape `(rank, in)` and `<base tensor>.lora_b` with
+  `(out, rank)`, the same as PEFT's `lora_A.weight` / `lora_B.weight`;
+- the update is `W x + scale * (alpha / rank) * B (A x)`, applied at run time per matmul.
+
+Writes are atomic: an adapter file is either whole or absent.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from macaron_local.errors import AdapterError
+
+LORA_A = ".lora_a"
+LORA_B = ".lora_b"
+
+#: Storage types llama.cpp loads for LoRA tensors, by the name users pass on the command line.
+STORAGE_TYPES: dict[str, gguf.GGMLQuantizationType] = {
+    "F32": gguf.GGMLQuantizationType.F32,
+    "F16": gguf.GGMLQuantizationType.F16,
+    "BF16": gguf.GGMLQuantizationType.BF16,
+    "Q8_0": gguf.GGMLQuantizationType.Q8_0,
+}
+
+
+@dataclass
+class LoraPair:
+    """One adapted matrix: `a` is `(rank, in)`, `b` is `(out, rank)` (numpy order)."""
+
+    a: np.ndarray
+    b: np.ndarray
+
+    @property
+    def rank(self) -> int:
+        return int(self.a.shape[-2])
+
+    def delta(self, alpha: float) -> np.ndarray:
+        """The weight update this pair adds at scale 1: `(alpha / rank) * B @ A`."""
+        return (alpha / self.rank) * (self.b.astype(np.float64) @ self.a.astype(np.float64))
+
+
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter in memory: float32 pairs keyed by the base tensor they adapt."""
+
+    architecture: str
+    alpha: float
+    pairs: dict[str, LoraPair] = field(default_factory=dict)
+    task_name: str | None = None
+
+    @property
+    def ranks(self) -> set[int]:
+        return {pair.rank for pair in self.pairs.values()}
+
+
+def _encode(values: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """Convert float values to the bytes of `qtype`; F32/F16 stay typed arrays."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    return gguf.quants.quantize(values, qtype)
+
+
+def _storage_for(values: np.ndarray, wanted: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
+    """Q8_0 needs rows in whole blocks of 32; a pair whose rows are shorter falls back to F16."""
+    block, _ = gguf.GGML_QUANT_SIZES[wanted]
+    if values.shape[-1] % block:
+        return gguf.GGMLQuantizationType.F16
+    return wanted
+
+
+def write_adapter(path: str | os.PathLike[str], adapter: LoraAdapter, dtype: str = "F32") -> Path:
+    """Write `adapter` as a GGUF LoRA file at `path`, atomically (temp file + rename).
+
+    `dtype` is one of STORAGE_TYPES. For Q8_0, tensors whose row length is not a multiple of 32
+    (typically `lora_b`, whose rows are `rank` long) are stored as F16 instead.
+    """
+    if dtype not in STORAGE_TYPES:
+        raise AdapterError(f"unknown adapter storage type {dtype!r}; use one of {sorted(STORAGE_TYPES)}")
+    if not adapter.pairs:
+        raise AdapterError("an adapter needs at least one lora_a/lora_b pair")
+    path = Path(path)
+    wanted = STORAGE_TYPES[dtype]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), adapter.architecture)
+    try:
+        writer.add_string("general.type", "adapter")
+        writer.add_string("adapter.type", "lora")
+        writer.add_float32("adapter.lora.alpha", float(adapter.alpha))
+        if adapter.task_name:
+            writer.add_string("adapter.lora.task_name", adapter.task_name)
+        for name, pair in sorted(adapter.pairs.items()):
+            for suffix, values in ((LORA_A, pair.a), (LORA_B, pair.b)):
+                qtype = _storage_for(values, wanted)
+                writer.add_tensor(name + suffix, _encode(values, qtype), raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_tensor_values(tensor: gguf.ReaderTensor) -> np.ndarray:
+    """Dequantize one tensor from a GGUFReader to float32 in numpy order."""
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
+def field_value(reader: gguf.GGUFReader, key: str) -> object | None:
+    """The python value of a scalar or string metadata field, or None when absent."""
+    fld = reader.get_field(key)
+    if fld is None:
+        return None
+    return fld.contents()
+
+
+def read_adapter(path: str | os.PathLike[str]) -> LoraAdapter:
+    """Load an adapter file into memory (float32). Validate it first: this trusts the file."""
+    reader = gguf.GGUFReader(str(path))
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    for tensor in reader.tensors:
+        base, _, half = tensor.name.rpartition(".")
+        pairs.setdefault(base, {})[half] = read_tensor_values(tensor)
+    return LoraAdapter(
+        architecture=str(field_value(reader, "general.architecture")),
+        alpha=float(field_value(reader, "adapter.lora.alpha") or 0.0),
+        pairs={name: LoraPair(h["lora_a"], h["lora_b"]) for name, h in pairs.items()},
+        task_name=field_value(reader, "adapter.lora.task_name"),  # type: ignore[arg-type]
+    )
+
+
+def permute_llama_qk_rows(b: np.ndarray, n_head: int) -> np.ndarray:
+    """Reorder output rows the way llama.cpp's HF->GGUF conversion reorders q/k weights.
+
+    HF llama checkpoints rotate halves of each head (`rotate_half`); llama.cpp rotates adjacent
+    pairs. The converter interleaves each head's two halves, so any LoRA `B` (whose rows are
+    the output rows of q_proj/k_proj) written from HF/PEFT weights needs the same reordering.
+    """
+    out = b.shape[0]
+    head_dim = out // n_head
+    return b.reshape(n_head, 2, head_dim // 2, *b.shape[1:]).swapaxes(1, 2).reshape(b.shape)

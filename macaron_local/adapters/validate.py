@@ -1,0 +1,253 @@
+"""Validate an adapter file against a base model before llama.cpp ever opens it.
+
+llama.cpp trusts adapter files: a float64 alpha aborts the process in a GGML_ASSERT, NaN weights
+are served silently as garbage, and llama-cpp-python's high-level constructor lets a failed load
+through so the first completion segfaults. So every adapter passes through `validate_adapter`
+first, which parses the file with pure Python (gguf-py + numpy) and raises `AdapterError` with
+one line that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from macaron_local.adapters.gguf_lora import LORA_A, LORA_B, STORAGE_TYPES, field_value, read_tensor_values
+from macaron_local.errors import AdapterError, MacaronError, ModelError
+
+GGUF_MAGIC = b"GGUF"
+#: Smallest possible GGUF: magic, version, tensor count, kv count.
+GGUF_MIN_BYTES = 4 + 4 + 8 + 8
+ALLOWED_TYPES = frozenset(STORAGE_TYPES.values())
+#: The embedding table is the one tensor whose LoRA halves are laid out differently.
+TOKEN_EMBD = "token_embd.weight"
+
+
+@dataclass(frozen=True)
+class BaseModelInfo:
+    """What an adapter must agree with: the base model's architecture and tensor shapes."""
+
+    path: Path
+    architecture: str
+    tensors: dict[str, tuple[int, ...]]  # numpy order, e.g. (out, in)
+    n_head: int = 0
+    n_head_kv: int = 0
+    n_layer: int = 0
+    name: str = ""
+    kind: str = "model"  # general.type: a base model must not be an adapter
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike[str]) -> BaseModelInfo:
+        """Read a base model's header (memory-mapped, no weights loaded). Cached per file."""
+        path = Path(path).resolve()
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise ModelError(f"base model {path} cannot be read: {exc.strerror}") from None
+        return _base_info_cached(path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _base_info_cached(path: Path, size: int, mtime_ns: int) -> BaseModelInfo:
+    _check_header(path, ModelError)
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # gguf-py raises many kinds on corrupt input
+        raise ModelError(f"base model {path} is not a readable GGUF file ({_why(exc)})") from None
+    arch = field_value(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise ModelError(f"base model {path} has no general.architecture")
+    tensors = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+
+    def meta_int(key: str) -> int:
+        value = field_value(reader, f"{arch}.{key}")
+        if isinstance(value, list):  # per-layer arrays (some archs): take the first
+            value = value[0] if value else 0
+        return int(value) if isinstance(value, (int, float)) else 0
+
+    return BaseModelInfo(
+        path=path,
+        architecture=arch,
+        tensors=tensors,
+        n_head=meta_int("attention.head_count"),
+        n_head_kv=meta_int("attention.head_count_kv") or meta_int("attention.head_count"),
+        n_layer=meta_int("block_count"),
+        name=str(field_value(reader, "general.name") or path.stem),
+        kind=str(field_value(reader, "general.type") or "model"),
+    )
+
+
+@dataclass(frozen=True)
+class AdapterReport:
+    """What a valid adapter holds: shown by `macaron adapters validate` and recorded on load."""
+
+    path: Path
+    architecture: str
+    alpha: float
+    ranks: tuple[int, ...]
+    n_pairs: int
+    storage_types: tuple[str, ...]
+    task_name: str | None = None
+
+    def summary(self) -> str:
+        ranks = "/".join(str(r) for r in self.ranks)
+        types = "/".join(self.storage_types)
+        return (
+            f"LoRA for {self.architecture}: {self.n_pairs} pairs, rank {ranks}, alpha {self.alpha:g}, {types}"
+        )
+
+
+def _why(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:160]
+
+
+def _check_header(path: Path, error: type[MacaronError] = AdapterError) -> None:
+    """Cheap checks that need no parser: exists, is a file, big enough, GGUF magic, version."""
+    if not path.exists():
+        raise error(f"{path}: no such file")
+    if not path.is_file():
+        raise error(f"{path}: not a regular file")
+    if path.stat().st_size == 0:
+        raise error(f"{path}: empty file")
+    with path.open("rb") as handle:
+        head = handle.read(GGUF_MIN_BYTES)
+    if len(head) < GGUF_MIN_BYTES or head[:4] != GGUF_MAGIC:
+        raise error(f"{path}: not a GGUF file (bad magic or too short)")
+    version = struct.unpack("<I", head[4:8])[0]
+    if version not in (2, 3):
+        raise error(f"{path}: unsupported GGUF version {version}")
+
+
+def _open(path: Path) -> gguf.GGUFReader:
+    _check_header(path)
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # truncated or corrupt files raise many different exceptions
+        raise AdapterError(f"{path}: not a valid GGUF file, truncated or corrupt ({_why(exc)})") from None
+    size = path.stat().st_size
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > size:
+            raise AdapterError(f"{path}: tensor {tensor.name} runs past the end of the file (truncated)")
+    return reader
+
+
+def _check_metadata(path: Path, reader: gguf.GGUFReader, base: BaseModelInfo) -> float:
+    kind = field_value(reader, "general.type")
+    if kind != "adapter":
+        raise AdapterError(f"{path}: not an adapter (general.type is {kind!r}, expected 'adapter')")
+    adapter_type = field_value(reader, "adapter.type")
+    if adapter_type != "lora":
+        raise AdapterError(f"{path}: adapter.type is {adapter_type!r}, expected 'lora'")
+    arch = field_value(reader, "general.architecture")
+    if arch != base.architecture:
+        raise AdapterError(
+            f"{path}: adapter is for architecture {arch!r} but the base model is {base.architecture!r}"
+        )
+    alpha_field = reader.get_field("adapter.lora.alpha")
+    if alpha_field is None:
+        raise AdapterError(f"{path}: adapter.lora.alpha is missing")
+    alpha_types = alpha_field.types
+    if alpha_types != [gguf.GGUFValueType.FLOAT32]:
+        got = "/".join(t.name for t in alpha_types) or "unknown"
+        raise AdapterError(
+            f"{path}: adapter.lora.alpha must be FLOAT32, found {got} (llama.cpp aborts on it)"
+        )
+    alpha = float(alpha_field.contents())
+    if not np.isfinite(alpha) or alpha <= 0:
+        raise AdapterError(f"{path}: adapter.lora.alpha must be a positive finite number, found {alpha}")
+    return alpha
+
+
+def _expected_shapes(
+    name: str, base_shape: tuple[int, ...], rank: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The numpy shapes of `lora_a` and `lora_b` for a base tensor of `base_shape`."""
+    if name == TOKEN_EMBD:
+        n_vocab, n_embd = base_shape
+        return (n_vocab, rank), (n_embd, rank)
+    *lead, out, inp = base_shape
+    return (*lead, rank, inp), (*lead, out, rank)
+
+
+def _pair_rank(name: str, a_shape: tuple[int, ...]) -> int:
+    return a_shape[-1] if name == TOKEN_EMBD else a_shape[-2] if len(a_shape) >= 2 else 0
+
+
+def validate_adapter(
+    path: str | os.PathLike[str], base: BaseModelInfo, *, check_values: bool = True
+) -> AdapterReport:
+    """Raise AdapterError unless `path` is a LoRA adapter llama.cpp can safely apply to `base`.
+
+    Any exception while parsing untrusted bytes means the file is malformed, so it becomes an
+    AdapterError too: callers get one line, never a traceback.
+    """
+    path = Path(path)
+    try:
+        return _validate(path, base, check_values)
+    except AdapterError:
+        raise
+    except Exception as exc:
+        raise AdapterError(f"{path}: malformed adapter ({_why(exc)})") from None
+
+
+def _validate(path: Path, base: BaseModelInfo, check_values: bool) -> AdapterReport:
+    reader = _open(path)
+    alpha = _check_metadata(path, reader, base)
+    if not reader.tensors:
+        raise AdapterError(f"{path}: the adapter has no tensors")
+
+    halves: dict[str, dict[str, gguf.ReaderTensor]] = {}
+    for tensor in reader.tensors:
+        if tensor.name.endswith(LORA_A):
+            halves.setdefault(tensor.name[: -len(LORA_A)], {})["a"] = tensor
+        elif tensor.name.endswith(LORA_B):
+            halves.setdefault(tensor.name[: -len(LORA_B)], {})["b"] = tensor
+        else:
+            raise AdapterError(f"{path}: tensor {tensor.name!r} is neither a .lora_a nor a .lora_b half")
+        if tensor.tensor_type not in ALLOWED_TYPES:
+            raise AdapterError(
+                f"{path}: tensor {tensor.name} has type {tensor.tensor_type.name}; "
+                f"allowed: {', '.join(sorted(STORAGE_TYPES))}"
+            )
+
+    ranks: set[int] = set()
+    for name, pair in sorted(halves.items()):
+        if "a" not in pair or "b" not in pair:
+            missing = "lora_b" if "a" in pair else "lora_a"
+            raise AdapterError(f"{path}: {name} has no {missing} half")
+        if name not in base.tensors:
+            raise AdapterError(f"{path}: {name} is not a tensor of the base model {base.name}")
+        a_shape = tuple(int(d) for d in reversed(pair["a"].shape.tolist()))
+        b_shape = tuple(int(d) for d in reversed(pair["b"].shape.tolist()))
+        rank = _pair_rank(name, a_shape)
+        want_a, want_b = _expected_shapes(name, base.tensors[name], rank)
+        if rank < 1 or a_shape != want_a:
+            raise AdapterError(f"{path}: {name}.lora_a has shape {a_shape}, expected {want_a}")
+        if b_shape != want_b:
+            raise AdapterError(
+                f"{path}: {name}.lora_b has shape {b_shape}, expected {want_b} "
+                f"(rank {rank} from lora_a; out dims from the base)"
+            )
+        if check_values:
+            for half in ("a", "b"):
+                values = read_tensor_values(pair[half])
+                if not np.isfinite(values).all():
+                    raise AdapterError(f"{path}: {pair[half].name} holds NaN or infinite values")
+        ranks.add(rank)
+
+    return AdapterReport(
+        path=path,
+        architecture=base.architecture,
+        alpha=alpha,
+        ranks=tuple(sorted(ranks)),
+        n_pairs=len(halves),
+        storage_types=tuple(sorted({t.tensor_type.name for t in reader.tensors})),
+        task_name=field_value(reader, "adapter.lora.task_name"),  # type: ignore[arg-type]
+    )

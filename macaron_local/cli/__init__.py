@@ -1,0 +1,48 @@
+"""The `macaron` command: one module per command group, each a thin layer over the core.
+
+Every user-caused failure is a MacaronError: it is printed as one line (`error: ...`) and the
+process exits with the error's code (2 for bad input). No traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from macaron_local import __version__
+from macaron_local.errors import MacaronError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from macaron_local.cli import adapters, ask, chat, doctor, models
+
+    parser = argparse.ArgumentParser(
+        prog="macaron",
+        description="A personal AI agent that runs on your computer and learns from your corrections.",
+    )
+    parser.add_argument("--version", action="version", version=f"macaron-local {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (chat, ask, models, adapters, doctor):
+        module.register(commands)
+    parser.set_defaults(func=chat.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MacaronError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

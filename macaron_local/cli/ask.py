@@ -1,0 +1,75 @@
+"""`macaron ask "..."`: one question, the answer streamed to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from macaron_local.cli.common import add_model_option, load_settings, print_json
+from macaron_local.engine import GenerationParams
+from macaron_local.errors import InvalidInputError
+from macaron_local.session import Session
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("ask", help="ask one question and stream the answer")
+    parser.add_argument("prompt", nargs="*", help="the question (read from stdin when omitted or '-')")
+    parser.add_argument("--expert", "-e", help="force an expert: L0 Chat, L1 Agent, L2 Coding, L3 UI")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    parser.add_argument("--system", help="system prompt for this question")
+    parser.add_argument("--max-tokens", type=int, help="longest reply in tokens")
+    parser.add_argument("--temperature", type=float, help="0 for greedy (the default)")
+    add_model_option(parser)
+    parser.set_defaults(func=run)
+
+
+def read_prompt(words: list[str]) -> str:
+    if words and words != ["-"]:
+        return " ".join(words)
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InvalidInputError('give a question: macaron ask "What is the capital of France?"')
+    try:
+        text = sys.stdin.read()
+    except UnicodeDecodeError:
+        raise InvalidInputError("standard input is not valid UTF-8 text") from None
+    if not text.strip():
+        raise InvalidInputError("the question is empty")
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = read_prompt(args.prompt)
+    settings = load_settings()
+    with Session(settings, model=args.model) as session:
+        if args.system is not None:
+            session.system_prompt = args.system
+        params = GenerationParams(
+            max_tokens=args.max_tokens or int(settings.get("max_tokens")),
+            temperature=float(settings.get("temperature") if args.temperature is None else args.temperature),
+        )
+        reply = session.send(prompt, expert=args.expert, params=params)
+        if args.json:
+            reply.wait()
+            done = reply.completion
+            print_json(
+                {
+                    "text": done.text,
+                    "model": session.manifest.name,
+                    "expert": reply.route.slot,
+                    "expert_name": reply.route.expert_name,
+                    "route_method": reply.route.method,
+                    "route_reason": reply.route.reason,
+                    "adapters": list(reply.adapters),
+                    "prompt_tokens": done.prompt_tokens,
+                    "completion_tokens": len(done.tokens),
+                    "finish_reason": done.finish_reason,
+                    "ttft_ms": round(done.ttft_ms, 2),
+                    "total_ms": round(done.total_ms, 2),
+                }
+            )
+        else:
+            for chunk in reply:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+    return 0

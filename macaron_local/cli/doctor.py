@@ -1,0 +1,28 @@
+"""`macaron doctor`: report the model, adapters, backend, paths and versions; exit 1 on a problem."""
+
+from __future__ import annotations
+
+import argparse
+
+from macaron_local.cli.common import add_model_option, load_settings, print_json
+from macaron_local.doctor import run_checks
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("doctor", help="check that everything needed is here and sound")
+    parser.add_argument("--load", action="store_true", help="also load the model and generate a few tokens")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    add_model_option(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    checks = run_checks(load_settings(), model=args.model, load=args.load)
+    if args.json:
+        print_json([{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
+    else:
+        width = max(len(c.name) for c in checks)
+        for check in checks:
+            mark = "ok  " if check.ok else "FAIL"
+            print(f"{mark} {check.name:<{width}}  {check.detail}")
+    return 0 if all(c.ok for c in checks) else 1

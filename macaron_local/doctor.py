@@ -1,0 +1,122 @@
+"""Health checks behind `macaron doctor`: is everything needed to chat here and sound?"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import stat
+import sys
+from dataclasses import dataclass
+
+from macaron_local import __version__
+from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
+from macaron_local.catalog import SLOTS, Catalog, Manifest
+from macaron_local.errors import MacaronError
+from macaron_local.settings import Settings
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def run_checks(settings: Settings, model: str | None = None, load: bool = False) -> list[Check]:
+    """Every check, in order; a failed check never stops the others."""
+    checks = [
+        Check("macaron-local", True, __version__),
+        Check("python", sys.version_info >= (3, 11), f"{platform.python_version()} on {platform.platform()}"),
+    ]
+    for package in ("llama-cpp-python", "gguf", "numpy", "textual", "sqlite-utils"):
+        version = _version(package)
+        checks.append(Check(package, version != "not installed", version))
+    checks.append(_backend_check())
+    checks.extend(_path_checks(settings))
+
+    catalog = Catalog(settings)
+    try:
+        manifest = catalog.get(model) if model else catalog.default()
+    except MacaronError as exc:
+        return [*checks, Check("model", False, str(exc))]
+    checks.extend(verify_model(catalog, manifest))
+
+    if load:
+        checks.append(_load_check(settings, manifest.name))
+    return checks
+
+
+def verify_model(catalog: Catalog, manifest: Manifest, check_hash: bool = False) -> list[Check]:
+    """The base GGUF is present and parses (and matches its sha256 with `check_hash`); every
+    expert adapter validates against it."""
+    base_path = catalog.base_path(manifest)
+    try:
+        base = BaseModelInfo.from_gguf(base_path)
+        if check_hash and manifest.base.sha256:
+            from macaron_local.download import verify_sha256
+
+            verify_sha256(base_path, manifest.base.sha256)
+    except MacaronError as exc:
+        return [Check("model", False, f"{manifest.name}: {exc}")]
+    checks = [Check("model", True, f"{manifest.name}: {base.name} ({base.architecture}) at {base_path}")]
+    for slot, label in SLOTS.items():
+        path = catalog.expert_path(manifest, slot)
+        if path is None:
+            checks.append(Check(f"expert {slot} {label}", True, "served by the base model"))
+            continue
+        try:
+            report = validate_adapter(path, base)
+            checks.append(Check(f"expert {slot} {label}", True, f"{path.name}: {report.summary()}"))
+        except MacaronError as exc:
+            checks.append(Check(f"expert {slot} {label}", False, str(exc)))
+    return checks
+
+
+def _backend_check() -> Check:
+    try:
+        import llama_cpp
+
+        gpu = bool(llama_cpp.llama_supports_gpu_offload())
+        info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+        features = " ".join(part for part in info.split("|") if "= 1" in part).replace(" = 1", "")
+        return Check(
+            "backend", True, f"llama.cpp {'with' if gpu else 'without'} GPU offload; {features[:120]}"
+        )
+    except Exception as exc:  # a broken native build must be reported, not crash doctor
+        return Check("backend", False, f"llama.cpp failed to load: {exc}")
+
+
+def _path_checks(settings: Settings) -> list[Check]:
+    checks = []
+    for label, path in (("data dir", settings.data_dir), ("config dir", settings.config_dir)):
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except OSError as exc:
+            checks.append(Check(label, False, f"{path}: {exc.strerror}"))
+            continue
+        writable = os.access(path, os.W_OK)
+        private = mode & 0o077 == 0
+        ok = writable and private
+        why = "" if ok else (" (not writable)" if not writable else f" (mode {mode:o}; should be 700)")
+        checks.append(Check(label, ok, f"{path}{why}"))
+    return checks
+
+
+def _load_check(settings: Settings, model: str) -> Check:
+    from macaron_local.engine import GenerationParams
+    from macaron_local.session import Session
+
+    try:
+        with Session(settings, model=model) as session:
+            reply = session.send("Say OK.", params=GenerationParams(max_tokens=4)).wait()
+        return Check("generation", True, f"model loaded and answered ({len(reply.completion.tokens)} tokens)")
+    except MacaronError as exc:
+        return Check("generation", False, str(exc))

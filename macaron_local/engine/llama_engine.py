@@ -1,0 +1,403 @@
+"""The local inference engine: llama.cpp (through llama-cpp-python) with hot-swappable LoRA adapters.
+
+The base model is loaded once (memory-mapped). Each adapter is validated by our own code and then
+loaded once; a turn chooses its active set with `llama_set_adapters_lora`, which costs nothing when
+the set is unchanged. llama.cpp does not touch the KV cache when adapters change, and
+llama-cpp-python's `generate` reuses the longest common token prefix, so a switch without KV
+handling would serve keys/values computed under another adapter set. On every switch the engine
+either resets the cache or restores a state saved under the new set (`kv_switch`).
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import hashlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from macaron_local.adapters.validate import AdapterReport, BaseModelInfo, validate_adapter
+from macaron_local.engine.template import CHATML, ChatTemplate, Message, fit_messages
+from macaron_local.errors import AdapterError, MacaronError, ModelError
+
+KV_SWITCH_POLICIES = ("reset", "state")
+
+
+def default_threads() -> int:
+    """All cores: on small machines llama.cpp's default (half the cores) leaves speed unused."""
+    return max(1, min(os.cpu_count() or 1, 16))
+
+
+@dataclass
+class EngineConfig:
+    model_path: Path
+    n_ctx: int = 4096
+    n_threads: int = 0  # 0: default_threads()
+    n_batch: int = 512
+    kv_f32: bool = False  # F32 KV cache: exact logits for parity tests, twice the memory
+    kv_switch: str = "reset"  # "reset" or "state": how a switch keeps the KV cache honest
+    max_saved_states: int = 4
+    seed: int = 0
+
+
+@dataclass
+class GenerationParams:
+    max_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class AdapterHandle:
+    """A validated adapter loaded into llama.cpp. `key` identifies its file content."""
+
+    key: str
+    path: Path
+    report: AdapterReport
+    pointer: object = field(compare=False, repr=False, hash=False)
+
+
+@dataclass
+class Completion:
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
+    finish_reason: str = ""  # "stop", "length" or "cancelled"
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    adapters: tuple[str, ...] = ()
+
+
+class Generation:
+    """An in-progress reply: iterate for text chunks; `result` is complete once iteration ends."""
+
+    def __init__(self, chunks: Iterator[str], result: Completion) -> None:
+        self._chunks = chunks
+        self.result = result
+
+    def __iter__(self) -> Iterator[str]:
+        return self._chunks
+
+    def close(self) -> None:
+        """Stop early (the engine lock is released and the reply keeps what was generated)."""
+        self._chunks.close()  # type: ignore[attr-defined]
+
+
+def file_key(path: Path) -> str:
+    """A short content hash: the same adapter file is loaded once however it is named."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+class Engine:
+    """One base model, any number of validated adapters, one context. Not re-entrant: one
+    generation at a time (a lock enforces it)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if config.kv_switch not in KV_SWITCH_POLICIES:
+            raise MacaronError(f"kv_switch must be one of {', '.join(KV_SWITCH_POLICIES)}")
+        self.config = config
+        self.base_info = BaseModelInfo.from_gguf(config.model_path)
+        if self.base_info.kind == "adapter":
+            raise ModelError(f"{config.model_path} is an adapter, not a base model")
+        threads = config.n_threads or default_threads()
+        kv_type = (
+            {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if config.kv_f32 else {}
+        )
+        try:
+            self.llm = llama_cpp.Llama(
+                model_path=str(config.model_path),
+                n_ctx=config.n_ctx,
+                n_batch=config.n_batch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                seed=config.seed,
+                flash_attn=False,
+                logits_all=False,
+                verbose=False,
+                **kv_type,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"llama.cpp could not load {config.model_path}: {exc}") from None
+        self._lock = threading.RLock()
+        self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self._n_vocab = self.llm.n_vocab()
+        self._adapters: dict[str, AdapterHandle] = {}
+        self._active: tuple[tuple[str, float], ...] = ()
+        self._states: OrderedDict[tuple[tuple[str, float], ...], llama_cpp.LlamaState] = OrderedDict()
+        self.template = self._load_template()
+        self.switch_count = 0
+
+    # ----------------------------------------------------------------- tokens and prompts
+    def _load_template(self) -> ChatTemplate:
+        source = self.llm.metadata.get("tokenizer.chat_template") or CHATML
+        return ChatTemplate(
+            source,
+            bos_token=self.token_text(self.llm.token_bos()),
+            eos_token=self.token_text(self.llm.token_eos()),
+        )
+
+    def token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self.llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.llm.detokenize(list(tokens)).decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def render_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        """Tokens of the templated conversation. BOS is added only if the model wants one and
+        the template did not already write it."""
+        text = self.template.render(messages, add_generation_prompt)
+        wants_bos = self.llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true"
+        add_bos = wants_bos and not (self.template.bos_token and text.startswith(self.template.bos_token))
+        return self.tokenize(text, add_bos=add_bos)
+
+    def prompt_for(self, messages: Sequence[Message], max_new_tokens: int) -> tuple[list[int], int]:
+        """Tokens for answering `messages` with room for `max_new_tokens`; drops the oldest
+        turns (never system prompts) when the context is too small. Returns (tokens, dropped)."""
+        budget = self.config.n_ctx - max_new_tokens
+        kept, dropped = fit_messages(messages, lambda m: len(self.render_tokens(m)), budget)
+        return self.render_tokens(kept), dropped
+
+    # ----------------------------------------------------------------- adapters
+    def load_adapter(self, path: str | os.PathLike[str]) -> AdapterHandle:
+        """Validate and load an adapter once; loading the same content again returns the handle."""
+        path = Path(path).resolve()
+        with self._lock:
+            report = validate_adapter(path, self.base_info)
+            key = file_key(path)
+            if key in self._adapters:
+                return self._adapters[key]
+            pointer = llama_cpp.llama_adapter_lora_init(self.llm.model, str(path).encode("utf-8"))
+            if not pointer:  # the binding's NULL is a falsy pointer, not None
+                raise AdapterError(f"{path}: llama.cpp refused the adapter")
+            handle = AdapterHandle(key=key, path=path, report=report, pointer=pointer)
+            self._adapters[key] = handle
+            return handle
+
+    @property
+    def active(self) -> tuple[tuple[str, float], ...]:
+        """The active set as (adapter key, scale) pairs."""
+        return self._active
+
+    def set_adapters(self, adapters: Sequence[AdapterHandle | tuple[AdapterHandle, float]]) -> bool:
+        """Make exactly `adapters` active. Returns True when the set changed (and the KV cache
+        was reset or restored), False when it was already active."""
+        pairs = [(a, 1.0) if isinstance(a, AdapterHandle) else a for a in adapters]
+        new_key = tuple((handle.key, float(scale)) for handle, scale in pairs)
+        with self._lock:
+            if new_key == self._active:
+                return False
+            for handle, _ in pairs:
+                if self._adapters.get(handle.key) is not handle:
+                    raise AdapterError(f"adapter {handle.path} was not loaded by this engine")
+            if self.config.kv_switch == "state" and self.llm.n_tokens > 0:
+                self._remember_state(self._active)
+            n = len(pairs)
+            array = (llama_cpp.llama_adapter_lora_p_ctypes * max(n, 1))(*(h.pointer for h, _ in pairs))
+            scales = (ctypes.c_float * max(n, 1))(*(s for _, s in pairs))
+            if (
+                llama_cpp.llama_set_adapters_lora(
+                    self.llm.ctx, array if n else None, n, scales if n else None
+                )
+                != 0
+            ):
+                raise AdapterError("llama.cpp could not activate the adapter set")
+            self._active = new_key
+            self.switch_count += 1
+            saved = self._states.pop(new_key, None) if self.config.kv_switch == "state" else None
+            if saved is not None:
+                self.llm.load_state(saved)
+            else:
+                self._clear_kv()
+            return True
+
+    def _remember_state(self, key: tuple[tuple[str, float], ...]) -> None:
+        self._states[key] = self.llm.save_state()
+        self._states.move_to_end(key)
+        while len(self._states) > self.config.max_saved_states:
+            self._states.popitem(last=False)
+
+    def _clear_kv(self) -> None:
+        self.llm.reset()
+        self.llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+
+    # ----------------------------------------------------------------- generation
+    def stream(
+        self,
+        prompt_tokens: Sequence[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Generation:
+        """Start a reply to `prompt_tokens`; iterate the result for text as it is produced."""
+        params = params or GenerationParams()
+        result = Completion(prompt_tokens=len(prompt_tokens), adapters=tuple(k for k, _ in self._active))
+        return Generation(self._stream(list(prompt_tokens), params, cancel, result), result)
+
+    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams | None = None) -> Completion:
+        generation = self.stream(prompt_tokens, params)
+        for _ in generation:
+            pass
+        return generation.result
+
+    def _stream(
+        self,
+        prompt: list[int],
+        params: GenerationParams,
+        cancel: threading.Event | None,
+        result: Completion,
+    ) -> Iterator[str]:
+        if len(prompt) + 1 > self.config.n_ctx:
+            raise MacaronError(
+                f"the prompt ({len(prompt)} tokens) does not fit the context ({self.config.n_ctx})"
+            )
+        max_tokens = min(params.max_tokens, self.config.n_ctx - len(prompt))
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with self._lock:
+            if params.seed is not None:
+                self.llm.set_seed(params.seed)
+            result.reused_prompt_tokens = self._common_prefix(prompt)
+            started = time.perf_counter()
+            result.finish_reason = "length"
+            try:
+                for token in self.llm.generate(
+                    prompt,
+                    temp=params.temperature,
+                    top_k=params.top_k,
+                    top_p=params.top_p,
+                    min_p=params.min_p,
+                    repeat_penalty=params.repeat_penalty,
+                ):
+                    if not result.tokens:
+                        result.ttft_ms = (time.perf_counter() - started) * 1000
+                    if cancel is not None and cancel.is_set():
+                        result.finish_reason = "cancelled"
+                        break
+                    if self.is_end_of_generation(token):
+                        result.finish_reason = "stop"
+                        break
+                    result.tokens.append(token)
+                    piece = decoder.decode(self.llm.detokenize([token]))
+                    result.text += piece
+                    if piece:
+                        yield piece
+                    if len(result.tokens) >= max_tokens:
+                        break
+                tail = decoder.decode(b"", final=True)
+                result.text += tail
+                if tail:
+                    yield tail
+            finally:
+                result.total_ms = (time.perf_counter() - started) * 1000
+
+    def _common_prefix(self, tokens: Sequence[int]) -> int:
+        cached = self.llm.input_ids[: self.llm.n_tokens]
+        n = 0
+        for a, b in zip(cached, tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    # ----------------------------------------------------------------- scoring
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits (n_tokens, n_vocab) for every position, under the active adapter set."""
+        with self._lock:
+            return self._decode_for_logits(list(tokens), 0)
+
+    def token_logprobs(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> np.ndarray:
+        """log p(completion[i] | prompt + completion[:i]) for each completion token (float64).
+
+        Learning needs these to compare the sampler's and the trainer's probabilities. The KV
+        prefix shared with the previous call is reused, so scoring many completions of one
+        prompt costs one prompt evaluation.
+        """
+        prompt, completion = list(prompt_tokens), list(completion_tokens)
+        if not prompt:
+            raise MacaronError("scoring needs at least one prompt token")
+        if not completion:
+            return np.zeros(0)
+        with self._lock:
+            rows = self._decode_for_logits(prompt + completion, len(prompt) - 1)[: len(completion)]
+        rows = rows.astype(np.float64)
+        peak = rows.max(axis=1, keepdims=True)
+        log_norm = np.log(np.exp(rows - peak).sum(axis=1)) + peak[:, 0]
+        return rows[np.arange(len(completion)), completion] - log_norm
+
+    def _decode_for_logits(self, tokens: list[int], first_output: int) -> np.ndarray:
+        """Evaluate `tokens` and return the logits of positions >= `first_output`."""
+        if len(tokens) > self.config.n_ctx:
+            raise MacaronError(f"{len(tokens)} tokens do not fit the context ({self.config.n_ctx})")
+        llm = self.llm
+        start = min(self._common_prefix(tokens), first_output)
+        llm._ctx.kv_cache_seq_rm(-1, start, -1)
+        llm.n_tokens = start
+        out = np.empty((len(tokens) - first_output, self._n_vocab), dtype=np.float32)
+        batch = llm._batch.batch
+        n_batch = llm.n_batch
+        written = 0
+        for chunk_start in range(start, len(tokens), n_batch):
+            chunk = tokens[chunk_start : chunk_start + n_batch]
+            n_out = 0
+            for i, token in enumerate(chunk):
+                pos = chunk_start + i
+                batch.token[i] = token
+                batch.pos[i] = pos
+                batch.seq_id[i][0] = 0
+                batch.n_seq_id[i] = 1
+                batch.logits[i] = pos >= first_output
+                n_out += pos >= first_output
+            batch.n_tokens = len(chunk)
+            if llama_cpp.llama_decode(llm.ctx, batch) != 0:
+                self._clear_kv()
+                raise MacaronError("llama.cpp failed to evaluate the tokens")
+            llm.input_ids[chunk_start : chunk_start + len(chunk)] = chunk
+            llm.n_tokens = chunk_start + len(chunk)
+            if n_out:
+                flat = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_out * self._n_vocab,))
+                out[written : written + n_out] = flat.reshape(n_out, self._n_vocab)
+                written += n_out
+        llm._requires_eval = True  # generate() must refresh its logits before sampling
+        return out
+
+    # ----------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        with self._lock:
+            if getattr(self, "llm", None) is None:
+                return
+            llama_cpp.llama_set_adapters_lora(self.llm.ctx, None, 0, None)
+            for handle in self._adapters.values():
+                llama_cpp.llama_adapter_lora_free(handle.pointer)
+            self._adapters.clear()
+            self._states.clear()
+            self.llm.close()
+            self.llm = None  # type: ignore[assignment]
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,31 @@
+"""Secrets (a Hugging Face token) live in the OS keyring, never in a file or a log."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import keyring
+from keyring.errors import KeyringError, PasswordDeleteError
+
+SERVICE = "macaron-local"
+HF_TOKEN_KEY = "huggingface-token"
+
+
+def get_hf_token() -> str | None:
+    """The token for gated downloads: `HF_TOKEN` if set, else the keyring, else None."""
+    if token := os.environ.get("HF_TOKEN"):
+        return token
+    try:
+        return keyring.get_password(SERVICE, HF_TOKEN_KEY)
+    except KeyringError:
+        return None  # no usable keyring backend: anonymous downloads still work
+
+
+def set_hf_token(token: str) -> None:
+    keyring.set_password(SERVICE, HF_TOKEN_KEY, token)
+
+
+def delete_hf_token() -> None:
+    with contextlib.suppress(PasswordDeleteError):
+        keyring.delete_password(SERVICE, HF_TOKEN_KEY)
