@@ -165,19 +165,37 @@ def _check_metadata(path: Path, reader: gguf.GGUFReader, base: BaseModelInfo) ->
     return alpha
 
 
-def _expected_shapes(
-    name: str, base_shape: tuple[int, ...], rank: int
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The numpy shapes of `lora_a` and `lora_b` for a base tensor of `base_shape`."""
+def _check_pair_shapes(
+    path: Path, name: str, base_shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]
+) -> int:
+    """Check one pair's shapes against its base tensor; returns the rank.
+
+    Numpy order: `lora_a` is (..., rank, in) and `lora_b` is (..., out, rank), where `...` are
+    the leading dims of a stacked (MoE) base tensor. The embedding table is the exception:
+    `lora_a` is (n_vocab, rank) and `lora_b` is (n_embd, rank).
+    """
     if name == TOKEN_EMBD:
         n_vocab, n_embd = base_shape
-        return (n_vocab, rank), (n_embd, rank)
-    *lead, out, inp = base_shape
-    return (*lead, rank, inp), (*lead, out, rank)
-
-
-def _pair_rank(name: str, a_shape: tuple[int, ...]) -> int:
-    return a_shape[-1] if name == TOKEN_EMBD else a_shape[-2] if len(a_shape) >= 2 else 0
+        rank = a[-1] if len(a) == 2 else 0
+        want_a, want_b = (n_vocab, "rank"), (n_embd, "rank")
+        ok_a = len(a) == 2 and a[0] == n_vocab
+        ok_b = b == (n_embd, rank)
+    else:
+        *lead, out, inp = base_shape
+        rank = a[-2] if len(a) == len(base_shape) else 0
+        want_a, want_b = (*lead, "rank", inp), (*lead, out, "rank")
+        ok_a = len(a) == len(base_shape) and a[-1] == inp and tuple(a[:-2]) == tuple(lead)
+        ok_b = b == (*lead, out, rank)
+    show = lambda dims: "(" + ", ".join(str(d) for d in dims) + ")"  # noqa: E731
+    if not ok_a:
+        raise AdapterError(f"{path}: {name}.lora_a has shape {show(a)}, expected {show(want_a)}")
+    if rank < 1:
+        raise AdapterError(f"{path}: {name} has rank {rank}; a LoRA pair needs rank >= 1")
+    if not ok_b:
+        raise AdapterError(
+            f"{path}: {name}.lora_b has shape {show(b)}, expected {show(want_b)} with rank {rank} from lora_a"
+        )
+    return rank
 
 
 def validate_adapter(
@@ -226,15 +244,7 @@ def _validate(path: Path, base: BaseModelInfo, check_values: bool) -> AdapterRep
             raise AdapterError(f"{path}: {name} is not a tensor of the base model {base.name}")
         a_shape = tuple(int(d) for d in reversed(pair["a"].shape.tolist()))
         b_shape = tuple(int(d) for d in reversed(pair["b"].shape.tolist()))
-        rank = _pair_rank(name, a_shape)
-        want_a, want_b = _expected_shapes(name, base.tensors[name], rank)
-        if rank < 1 or a_shape != want_a:
-            raise AdapterError(f"{path}: {name}.lora_a has shape {a_shape}, expected {want_a}")
-        if b_shape != want_b:
-            raise AdapterError(
-                f"{path}: {name}.lora_b has shape {b_shape}, expected {want_b} "
-                f"(rank {rank} from lora_a; out dims from the base)"
-            )
+        rank = _check_pair_shapes(path, name, base.tensors[name], a_shape, b_shape)
         if check_values:
             for half in ("a", "b"):
                 values = read_tensor_values(pair[half])
