@@ -94,13 +94,13 @@ class Session:
                 else "check the manifest"
             )
             raise ModelError(f"model {self.manifest.name!r} is not on this machine ({path}); {hint}")
-        config = EngineConfig(
-            model_path=path,
-            n_ctx=int(self.settings.get("n_ctx")),
-            n_threads=int(self.settings.get("n_threads")),
-            kv_switch=str(self.settings.get("kv_switch")),
+        options = {
+            "n_ctx": int(self.settings.get("n_ctx")),
+            "n_threads": int(self.settings.get("n_threads")),
+            "kv_switch": str(self.settings.get("kv_switch")),
             **self._engine_overrides,
-        )
+        }
+        config = EngineConfig(model_path=path, **options)
         engine = Engine(config)
         try:
             for slot in SLOTS:
@@ -131,6 +131,7 @@ class Session:
         self.messages = []
 
     def route(self, text: str, expert: str | None = None, sticky_slot: str | None = None) -> Route:
+        self.engine  # the expert adapters are known once the model is loaded  # noqa: B018
         classifier = self._classify if "L0" in self._experts else None
         return route(text, explicit=expert, sticky_slot=sticky_slot, classifier=classifier)
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.resources
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +76,14 @@ def random_adapter(
         a = rng.normal(0, 1 / np.sqrt(inp), (rank, inp)).astype(np.float32)
         b = rng.normal(0, magnitude / np.sqrt(rank), (out, rank)).astype(np.float32)
         pairs[name] = LoraPair(a, b)
-    return LoraAdapter(architecture=model.config.arch, alpha=alpha if alpha is not None else 2.0 * rank, pairs=pairs)
+    return LoraAdapter(
+        architecture=model.config.arch, alpha=alpha if alpha is not None else 2.0 * rank, pairs=pairs
+    )
 
 
-def write_random_adapter(path: Path, model: TinyModel, rank: int, *, seed: int, dtype: str = "F32", **kw) -> Path:
+def write_random_adapter(
+    path: Path, model: TinyModel, rank: int, *, seed: int, dtype: str = "F32", **kw
+) -> Path:
     return write_adapter(path, random_adapter(model, rank, seed=seed, **kw), dtype=dtype)
 
 
@@ -87,4 +94,19 @@ def as_delta(path: Path, scale: float = 1.0) -> LoraDelta:
         tensors={name: (pair.a, pair.b) for name, pair in adapter.pairs.items()},
         alpha=adapter.alpha,
         scale=scale,
+    )
+
+
+def run_cli(
+    *args: str, home: Path | str, input: str | None = None, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `macaron ARGS` in a fresh process with MACARON_HOME=home and no network use."""
+    environ = {**os.environ, "MACARON_HOME": str(home), "HF_HUB_OFFLINE": "1", **env}
+    return subprocess.run(
+        [sys.executable, "-m", "macaron_local", *args],
+        env=environ,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

@@ -83,7 +83,15 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
     valid = directory / "_valid.gguf"
     write_adapter(
         valid,
-        LoraAdapter("llama", 8.0, {k[: -len(".lora_a")]: LoraPair(v, good[k[:-1] + "b"]) for k, v in good.items() if k.endswith("_a")}),
+        LoraAdapter(
+            "llama",
+            8.0,
+            {
+                k[: -len(".lora_a")]: LoraPair(v, good[k[:-1] + "b"])
+                for k, v in good.items()
+                if k.endswith("_a")
+            },
+        ),
     )
     blob = valid.read_bytes()
 
@@ -96,7 +104,10 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
     case("gguf_version_1", lambda p: p.write_bytes(b"GGUF\x01\x00\x00\x00" + blob[8:]))
     case("bad_magic", lambda p: p.write_bytes(b"GGML" + blob[4:]))
     case("zero_length", lambda p: p.write_bytes(b""))
-    case("flipped_bytes_in_header", lambda p: p.write_bytes(blob[:40] + bytes(b ^ 0xFF for b in blob[40:120]) + blob[120:]))
+    case(
+        "flipped_bytes_in_header",
+        lambda p: p.write_bytes(blob[:40] + bytes(b ^ 0xFF for b in blob[40:120]) + blob[120:]),
+    )
 
     case("wrong_architecture_qwen3", lambda p: raw_adapter(p, good, arch="qwen3"))
     case("wrong_architecture_gpt2", lambda p: raw_adapter(p, good, arch="gpt2"))
@@ -117,19 +128,70 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
 
     qa, qb = good["blk.0.attn_q.weight.lora_a"], good["blk.0.attn_q.weight.lora_b"]
     da = good["blk.0.ffn_down.weight.lora_a"]
-    case("lora_a_wrong_in_dim", lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", np.zeros((4, qa.shape[1] + 1), np.float32))))
-    case("lora_b_wrong_out_dim", lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_b", np.zeros((qb.shape[0] + 2, 4), np.float32))))
-    case("lora_a_transposed", lambda p: raw_adapter(p, changed("blk.0.ffn_down.weight.lora_a", np.ascontiguousarray(da.T))))
-    case("lora_b_transposed", lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_b", np.ascontiguousarray(qb.T))))
-    case("rank_mismatch", lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_b", np.zeros((qb.shape[0], 8), np.float32))))
-    case("lora_a_three_dims", lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", np.zeros((2, 4, qa.shape[1]), np.float32))))
-    case("lora_a_one_dim", lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", np.zeros((qa.shape[1],), np.float32))))
-    case("rank_zero", lambda p: raw_adapter(p, {"blk.0.attn_q.weight.lora_a": np.zeros((0, qa.shape[1]), np.float32), "blk.0.attn_q.weight.lora_b": np.zeros((qb.shape[0], 0), np.float32)}))
+    case(
+        "lora_a_wrong_in_dim",
+        lambda p: raw_adapter(
+            p, changed("blk.0.attn_q.weight.lora_a", np.zeros((4, qa.shape[1] + 1), np.float32))
+        ),
+    )
+    case(
+        "lora_b_wrong_out_dim",
+        lambda p: raw_adapter(
+            p, changed("blk.0.attn_q.weight.lora_b", np.zeros((qb.shape[0] + 2, 4), np.float32))
+        ),
+    )
+    case(
+        "lora_a_transposed",
+        lambda p: raw_adapter(p, changed("blk.0.ffn_down.weight.lora_a", np.ascontiguousarray(da.T))),
+    )
+    case(
+        "lora_b_transposed",
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_b", np.ascontiguousarray(qb.T))),
+    )
+    case(
+        "rank_mismatch",
+        lambda p: raw_adapter(
+            p, changed("blk.0.attn_q.weight.lora_b", np.zeros((qb.shape[0], 8), np.float32))
+        ),
+    )
+    case(
+        "lora_a_three_dims",
+        lambda p: raw_adapter(
+            p, changed("blk.0.attn_q.weight.lora_a", np.zeros((2, 4, qa.shape[1]), np.float32))
+        ),
+    )
+    case(
+        "lora_a_one_dim",
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", np.zeros((qa.shape[1],), np.float32))),
+    )
+    case(
+        "rank_zero",
+        lambda p: raw_adapter(
+            p,
+            {
+                "blk.0.attn_q.weight.lora_a": np.zeros((0, qa.shape[1]), np.float32),
+                "blk.0.attn_q.weight.lora_b": np.zeros((qb.shape[0], 0), np.float32),
+            },
+        ),
+    )
 
-    case("unknown_layer", lambda p: raw_adapter(p, {**good, "blk.9.attn_q.weight.lora_a": qa, "blk.9.attn_q.weight.lora_b": qb}))
-    case("unknown_tensor_name", lambda p: raw_adapter(p, {**good, "foo.weight.lora_a": qa, "foo.weight.lora_b": qb}))
+    case(
+        "unknown_layer",
+        lambda p: raw_adapter(
+            p, {**good, "blk.9.attn_q.weight.lora_a": qa, "blk.9.attn_q.weight.lora_b": qb}
+        ),
+    )
+    case(
+        "unknown_tensor_name",
+        lambda p: raw_adapter(p, {**good, "foo.weight.lora_a": qa, "foo.weight.lora_b": qb}),
+    )
     case("tensor_not_a_lora_half", lambda p: raw_adapter(p, {**good, "blk.0.attn_q.weight": qb}))
-    case("lora_on_norm_missing_from_base", lambda p: raw_adapter(p, {**good, "blk.0.attn_q_norm.weight.lora_a": qa, "blk.0.attn_q_norm.weight.lora_b": qb}))
+    case(
+        "lora_on_norm_missing_from_base",
+        lambda p: raw_adapter(
+            p, {**good, "blk.0.attn_q_norm.weight.lora_a": qa, "blk.0.attn_q_norm.weight.lora_b": qb}
+        ),
+    )
 
     def poisoned(name: str, value: float, dtype: str = "F32") -> Callable[[Path], object]:
         values = good[name].copy()
@@ -157,9 +219,20 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
     case("alpha_zero", lambda p: raw_adapter(p, good, alpha=0.0))
 
     case("no_tensors", lambda p: raw_adapter(p, {}))
-    case("tensor_type_q4_0", lambda p: raw_adapter(p, good, raw_types={"blk.0.attn_q.weight.lora_a": gguf.GGMLQuantizationType.Q4_0}))
-    case("tensor_type_f64", lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", qa.astype(np.float64))))
-    case("tensor_type_i32", lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", qa.astype(np.int32))))
+    case(
+        "tensor_type_q4_0",
+        lambda p: raw_adapter(
+            p, good, raw_types={"blk.0.attn_q.weight.lora_a": gguf.GGMLQuantizationType.Q4_0}
+        ),
+    )
+    case(
+        "tensor_type_f64",
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", qa.astype(np.float64))),
+    )
+    case(
+        "tensor_type_i32",
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", qa.astype(np.int32))),
+    )
     case("directory_not_file", lambda p: p.mkdir())
     valid.unlink()
     return cases

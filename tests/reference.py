@@ -85,9 +85,7 @@ def effective_weights(model: TinyModel, loras: Sequence[LoraDelta] = ()) -> dict
             out_dim, in_dim = w.shape
             rank = a.shape[0]
             if a.shape != (rank, in_dim) or b.shape != (out_dim, rank):
-                raise ValueError(
-                    f"{name}: lora A {a.shape} / B {b.shape} do not fit weight {w.shape}"
-                )
+                raise ValueError(f"{name}: lora A {a.shape} / B {b.shape} do not fit weight {w.shape}")
             weights[name] = w + lora.factor(rank) * (b @ a)
     return weights
 

@@ -4,7 +4,6 @@ each with one line (exit code 2 from the CLI), and no process aborts or segfault
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 from malformed import build_corpus
 
 TESTS_DIR = Path(__file__).parent
@@ -28,36 +28,43 @@ def tiny_home(corpus, tmp_path_factory):
     """A MACARON_HOME whose configured model is the tiny base (added with `macaron models add`)."""
     model, _ = corpus
     home = tmp_path_factory.mktemp("home")
-    env = {**os.environ, "MACARON_HOME": str(home)}
-    done = subprocess.run(
-        [sys.executable, "-m", "macaron_local", "models", "add", "tiny", str(model.path)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )
+    done = run_cli("models", "add", "tiny", str(model.path), home=home)
     assert done.returncode == 0, done.stderr
     (home / "config" / "settings.toml").write_text('model = "tiny"\n')
-    return env
+    return home
 
 
 def test_corpus_is_large_and_varied(corpus):
     _, cases = corpus
     assert len(cases) >= 50
-    for kind in ("truncated", "random_bytes", "zero_length", "wrong_architecture", "not_an_adapter",
-                 "missing_lora", "transposed", "rank_mismatch", "unknown", "nan", "inf", "alpha_float64",
-                 "no_tensors"):
+    for kind in (
+        "truncated",
+        "random_bytes",
+        "zero_length",
+        "wrong_architecture",
+        "not_an_adapter",
+        "missing_lora",
+        "transposed",
+        "rank_mismatch",
+        "unknown",
+        "nan",
+        "inf",
+        "alpha_float64",
+        "no_tensors",
+    ):
         assert any(kind in name for name in cases), kind
 
 
-def validate_cli(env: dict[str, str], path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "macaron_local", "adapters", "validate", str(path)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )
+def validate_cli(home: Path, path: Path) -> subprocess.CompletedProcess[str]:
+    return run_cli("adapters", "validate", str(path), home=home)
 
 
 def test_cli_rejects_every_malformed_file_with_one_line_and_exit_2(corpus, tiny_home):
     _, cases = corpus
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(cases, pool.map(lambda p: validate_cli(tiny_home, p), cases.values()), strict=True))
+        results = dict(
+            zip(cases, pool.map(lambda p: validate_cli(tiny_home, p), cases.values()), strict=True)
+        )
     for name, done in results.items():
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2, f"{name}: exit {done.returncode}: {done.stderr}"
@@ -99,8 +106,16 @@ ENGINE_SCRIPT = textwrap.dedent(
 def test_engine_refuses_every_malformed_file_and_keeps_working(corpus):
     model, cases = corpus
     done = subprocess.run(
-        [sys.executable, "-c", ENGINE_SCRIPT, str(model.path), json.dumps({k: str(v) for k, v in cases.items()})],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            ENGINE_SCRIPT,
+            str(model.path),
+            json.dumps({k: str(v) for k, v in cases.items()}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, f"engine process died ({done.returncode}): {done.stderr[-2000:]}"
     report = json.loads(done.stdout)
@@ -125,7 +140,9 @@ def test_raw_llama_cpp_aborts_on_float64_alpha(corpus):
     model, cases = corpus
     done = subprocess.run(
         [sys.executable, "-c", RAW_LLAMA_SCRIPT, str(model.path), str(cases["alpha_float64"])],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode < 0, f"expected death by a signal (SIGABRT), got exit {done.returncode}"
     assert "loaded" not in done.stdout.splitlines()

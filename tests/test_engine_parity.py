@@ -42,7 +42,9 @@ def test_base_logits_match_reference(tiny_model, arch, tied):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize("dtypes", [("F32", "F32"), ("F16", "F32"), ("F16", "F16")], ids=lambda d: "+".join(d))
+@pytest.mark.parametrize(
+    "dtypes", [("F32", "F32"), ("F16", "F32"), ("F16", "F16")], ids=lambda d: "+".join(d)
+)
 def test_two_adapters_rank_1_and_8_match_reference(tiny_model, tmp_path, arch, tied, dtypes):
     model = tiny_model(arch, tied)
     first = write_random_adapter(tmp_path / "r1.gguf", model, rank=1, seed=1, dtype=dtypes[0])
@@ -89,7 +91,11 @@ def test_token_logprobs_are_log_softmax_of_reference(tiny_model, tmp_path):
         got = engine.token_logprobs(prompt, completion)
         again = engine.token_logprobs(prompt, completion)  # served from the reused prefix
     logits = reference_logits(model, TOKENS, [as_delta(path)])
-    logp = logits - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True)) - logits.max(1, keepdims=True)
+    logp = (
+        logits
+        - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+        - logits.max(1, keepdims=True)
+    )
     want = np.array([logp[len(prompt) - 1 + i, tok] for i, tok in enumerate(completion)])
     assert np.abs(got - want).max() <= TOL["F32"]
     assert np.array_equal(got, again)

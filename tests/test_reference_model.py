@@ -81,9 +81,7 @@ def write_lora_gguf(path: Path, arch: str, lora: LoraDelta) -> Path:
 
 
 @contextlib.contextmanager
-def active_adapters(
-    llm: llama_cpp.Llama, paths: Sequence[Path], scales: Sequence[float]
-) -> Iterator[None]:
+def active_adapters(llm: llama_cpp.Llama, paths: Sequence[Path], scales: Sequence[float]) -> Iterator[None]:
     """Load adapters through the C API, make them the context's active set, clean up after."""
     handles = []
     try:

@@ -216,9 +216,7 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
-def write_tiny_model(
-    path: str | Path, config: TinyConfig, weights: dict[str, np.ndarray]
-) -> TinyModel:
+def write_tiny_model(path: str | Path, config: TinyConfig, weights: dict[str, np.ndarray]) -> TinyModel:
     """Write ``weights`` (GGUF names and row order) as a GGUF model file at ``path``.
 
     Split from :func:`random_weights` so a test can write weights it derived itself, e.g.
@@ -252,8 +250,7 @@ def write_tiny_model(
 
     tokens, merges = _vocab(c.n_vocab)
     token_types = [
-        gguf.TokenType.CONTROL if i < len(SPECIAL_TOKENS) else gguf.TokenType.NORMAL
-        for i in range(c.n_vocab)
+        gguf.TokenType.CONTROL if i < len(SPECIAL_TOKENS) else gguf.TokenType.NORMAL for i in range(c.n_vocab)
     ]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -278,9 +275,7 @@ def write_tiny_model(
     return TinyModel(path=path, config=c, weights=stored)
 
 
-def build_tiny_model(
-    path: str | Path, config: TinyConfig | None = None, seed: int = 0
-) -> TinyModel:
+def build_tiny_model(path: str | Path, config: TinyConfig | None = None, seed: int = 0) -> TinyModel:
     """Write a random tiny model to ``path`` and return it with its weights."""
     config = config or TinyConfig()
     return write_tiny_model(path, config, random_weights(config, seed))

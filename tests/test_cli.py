@@ -1,0 +1,85 @@
+"""The `macaron` command as a user runs it: a fresh MACARON_HOME, the embedded model, no network."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+from conftest import run_cli
+
+
+def test_ask_answers_paris_offline_on_a_fresh_install(tmp_path):
+    done = run_cli("ask", "What is the capital of France?", home=tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in done.stdout
+    assert done.stderr == ""
+    data_dir = tmp_path / "home" / "data"
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+
+
+def test_ask_json_reports_route_and_timings(tmp_path):
+    done = run_cli("ask", "--json", "--max-tokens", "8", "Write a python function", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["expert"] == "L2" and reply["route_method"] == "keywords"
+    assert reply["completion_tokens"] <= 8 and reply["prompt_tokens"] > 0
+    assert reply["finish_reason"] in ("stop", "length") and reply["text"]
+
+
+def test_ask_reads_stdin(tmp_path):
+    done = run_cli("ask", "--max-tokens", "4", home=tmp_path, input="Say hello.")
+    assert done.returncode == 0, done.stderr and done.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "code", "needle"),
+    [
+        (["ask"], "", 2, "empty"),
+        (["ask", "--expert", "L9", "hi"], None, 2, "unknown expert"),
+        (["ask", "--model", "nope", "hi"], None, 1, "unknown model"),
+        (["ask", "--model", "tall", "hi"], None, 1, "macaron models pull tall"),
+        (["models", "add", "x", "/does/not/exist.gguf"], None, 1, "cannot be read"),
+        (["adapters", "validate", "/does/not/exist.gguf"], None, 2, "no such file"),
+    ],
+)
+def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, stdin, code, needle):
+    done = run_cli(*args, home=tmp_path, input=stdin)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == code, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], done.stderr
+
+
+def test_doctor_passes_on_fresh_install_and_fails_without_model(tmp_path):
+    ok = run_cli("doctor", "--json", home=tmp_path)
+    assert ok.returncode == 0, ok.stdout
+    names = {c["name"] for c in json.loads(ok.stdout)}
+    assert {"model", "backend", "data dir", "llama-cpp-python", "expert L0 Chat"} <= names
+    (tmp_path / "config" / "settings.toml").write_text('model = "tall"\n')
+    bad = run_cli("doctor", home=tmp_path)
+    assert bad.returncode == 1
+    assert any(line.startswith("FAIL model") for line in bad.stdout.splitlines())
+
+
+def test_models_list_add_verify(tmp_path, tiny_model):
+    model = tiny_model("llama", False)
+    listed = json.loads(run_cli("models", "list", "--json", home=tmp_path).stdout)
+    assert [m["name"] for m in listed] == ["embedded", "tall"]
+    assert listed[0]["present"] and listed[0]["default"] and not listed[1]["present"]
+    added = run_cli("models", "add", "tiny", str(model.path), home=tmp_path)
+    assert added.returncode == 0, added.stderr
+    assert "tiny" in {
+        m["name"] for m in json.loads(run_cli("models", "list", "--json", home=tmp_path).stdout)
+    }
+    assert run_cli("models", "verify", "tiny", home=tmp_path).returncode == 0
+    again = run_cli("models", "add", "tiny", str(model.path), home=tmp_path)
+    assert again.returncode == 2 and "already exists" in again.stderr
+    not_model = tmp_path / "junk.gguf"
+    not_model.write_bytes(b"junk" * 10)
+    refused = run_cli("models", "add", "junk", str(not_model), home=tmp_path)
+    assert refused.returncode == 1 and "not a GGUF file" in refused.stderr
+
+
+def test_version(tmp_path):
+    done = run_cli("--version", home=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("macaron-local ")

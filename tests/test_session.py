@@ -1,0 +1,112 @@
+"""The session API: routes each turn, activates that expert's adapters (plus the user's personal
+adapter), renders with the model's template, and streams the reply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tomli_w
+from conftest import write_random_adapter
+
+from macaron_local.engine import Engine, EngineConfig, GenerationParams
+from macaron_local.errors import ModelError
+from macaron_local.session import Session
+
+SHORT = GenerationParams(max_tokens=6, temperature=0.0, min_p=0.0)
+
+
+@pytest.fixture
+def expert_home(home, tiny_model, tmp_path):
+    """A user manifest `tiny` whose L0 and L2 slots have GGUF expert adapters."""
+    model = tiny_model("qwen3", False)
+    adapters = {
+        slot: write_random_adapter(tmp_path / f"{slot}.gguf", model, rank=4, seed=seed, magnitude=1.5)
+        for slot, seed in (("L0", 31), ("L2", 32))
+    }
+    manifest = {
+        "name": "tiny",
+        "architecture": "qwen3",
+        "base": {"source": "path", "file": str(model.path)},
+        "experts": {
+            "L0": {"name": "Chat", "source": "path", "file": str(adapters["L0"])},
+            "L1": {"name": "Agent"},
+            "L2": {"name": "Coding", "source": "path", "file": str(adapters["L2"])},
+            "L3": {"name": "UI"},
+        },
+    }
+    home.user_manifests_dir.mkdir(parents=True, exist_ok=True)
+    (home.user_manifests_dir / "tiny.toml").write_text(tomli_w.dumps(manifest))
+    return home, model, adapters
+
+
+def open_session(home, **engine) -> Session:
+    return Session(home, model="tiny", engine_config={"n_ctx": 128, "kv_f32": True, **engine})
+
+
+def test_keyword_route_activates_that_expert(expert_home):
+    home, _, adapters = expert_home
+    with open_session(home) as session:
+        reply = session.send("fix this python bug", params=SHORT).wait()
+        assert reply.route.slot == "L2" and reply.adapters == (adapters["L2"].name,)
+        assert session.engine.active == ((session.adapters_for("L2")[0].key, 1.0),)
+        assert session.messages[-1] == {"role": "assistant", "content": reply.text}
+
+
+def test_ambiguous_request_is_classified_by_l0(expert_home):
+    home, _, _ = expert_home
+    with open_session(home) as session:
+        reply = session.send("hmm, what about this one?", params=SHORT).wait()
+    assert reply.route.method == "classifier" and reply.route.slot in ("L0", "L1", "L2", "L3")
+
+
+def test_reply_equals_a_fresh_engine_under_the_same_adapters(expert_home):
+    home, model, adapters = expert_home
+    with open_session(home) as session:
+        session.send("hello there", expert="L0", params=SHORT).wait()  # L0 first: forces a switch
+        reply = session.send("write python code", params=SHORT).wait()
+        messages = [{"role": "system", "content": session.system_prompt}, *session.messages[:-1]]
+    with Engine(EngineConfig(model_path=model.path, n_ctx=128, kv_f32=True)) as engine:
+        engine.set_adapters([engine.load_adapter(adapters["L2"])])
+        tokens, _ = engine.prompt_for(messages, SHORT.max_tokens)
+        assert engine.generate(tokens, SHORT).tokens == reply.completion.tokens
+
+
+def test_personal_adapter_stacks_on_the_expert(expert_home, tmp_path):
+    home, model, adapters = expert_home
+    personal = write_random_adapter(tmp_path / "personal.gguf", model, rank=2, seed=33)
+    with open_session(home) as session:
+        session.set_personal_adapter("L2", personal)
+        reply = session.send("python please", params=SHORT).wait()
+        assert reply.adapters == (adapters["L2"].name, "personal.gguf")
+        assert len(session.engine.active) == 2
+        logits_both = session.engine.logits([1, 2, 3])
+        session.set_personal_adapter("L2", None)
+        session.engine.set_adapters(session.adapters_for("L2"))
+        assert np.abs(logits_both - session.engine.logits([1, 2, 3])).max() > 1e-3
+
+
+def test_missing_expert_file_is_a_clear_error(expert_home):
+    home, _, adapters = expert_home
+    adapters["L2"].unlink()
+    with pytest.raises(ModelError, match="expert L2 adapter .* is missing"):
+        open_session(home).load()
+
+
+def test_long_conversation_drops_oldest_turns_and_keeps_answering(home):
+    with Session(home, engine_config={"n_ctx": 256}) as session:
+        dropped = []
+        for i in range(8):
+            reply = session.send(
+                f"Tell me one fact about the number {i}.", params=GenerationParams(max_tokens=24)
+            ).wait()
+            dropped.append(reply.dropped_messages)
+            assert reply.completion.tokens
+        assert dropped[0] == 0 and dropped[-1] > 0
+        assert len(session.messages) == 16  # the session keeps everything; only the prompt is trimmed
+
+
+def test_follow_up_reuses_the_prompt_cache(home):
+    with Session(home) as session:
+        session.send("What is the capital of France?", params=GenerationParams(max_tokens=12)).wait()
+        follow = session.send("And of Spain?", params=GenerationParams(max_tokens=12)).wait()
+    assert follow.completion.reused_prompt_tokens > 20
