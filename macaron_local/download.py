@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import hashlib
 import json
 import os
@@ -45,7 +44,6 @@ PULL_DIR = ".pull"
 DEFAULT_ENDPOINT = "https://huggingface.co"
 LOGIN_HINT = "log in with `macaron auth login`"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_HASH_CHUNK = 8 * 1024 * 1024
 #: A transfer that keeps failing is retried (with a fresh CDN link) only while it makes progress,
 #: and never more often than this.
 _MAX_TRANSFER_ATTEMPTS = 20
@@ -158,9 +156,18 @@ class _Hub:
     """Where and how to talk to the hub during one pull."""
 
     endpoint: str
-    token: str | None
     model: str
     progress: bool
+    explicit_token: str | None = None
+    _token: list[str | None] = field(default_factory=list)
+
+    @property
+    def token(self) -> str | None:
+        """The token, looked up only when the hub is actually asked: a pull with nothing to
+        download must not open the keyring (which may prompt to unlock it)."""
+        if not self._token:
+            self._token.append(self.explicit_token or secrets.get_hf_token())
+        return self._token[0]
 
     @property
     def token_arg(self) -> str | bool:
@@ -180,12 +187,7 @@ def pull(
     """
     result = PullResult(model=manifest.name)
     model_dir = catalog.model_dir(manifest)
-    hub = _Hub(
-        endpoint=_endpoint(),
-        token=token or secrets.get_hf_token(),
-        model=manifest.name,
-        progress=progress,
-    )
+    hub = _Hub(endpoint=_endpoint(), model=manifest.name, progress=progress, explicit_token=token)
     base_info: list[BaseModelInfo] = []  # filled once the base is in place
 
     def base() -> BaseModelInfo:
@@ -424,10 +426,11 @@ def _fetch(item: _HubFile, hub: _Hub) -> int:
             "wait for it to finish"
         ) from None
     try:
-        if _recorded_complete(item):  # a concurrent pull finished it while we waited
+        if _recorded_complete(item):  # another pull finished it since we probed
             return 0
-        for stale in item.pull_dir.glob(f"{glob.escape(item.dest.name)}.*.part"):
-            if stale != item.partial:
+        mine = re.compile(rf"^{re.escape(item.dest.name)}\.[0-9A-Za-z]+\.part$")
+        for stale in item.pull_dir.iterdir():
+            if mine.match(stale.name) and stale != item.partial:
                 stale.unlink(missing_ok=True)  # an older upstream version: never splice it in
         fetched = _transfer(item, hub)
         _verify_and_place(item)
@@ -515,9 +518,14 @@ def _verify_and_place(item: _HubFile) -> None:
     if item.check is not None:
         try:
             item.check(partial)
-        except MacaronError:
+        except MacaronError as exc:
             partial.unlink(missing_ok=True)
-            raise
+            reason = str(exc)
+            for shown in {str(partial.resolve()), str(partial)}:  # the temp name means nothing to users
+                reason = reason.replace(f"{shown}: ", "").replace(shown, "the file")
+            raise ModelError(
+                f"{item.label} ({item.source.repo} {item.repo_path}) is not usable: {reason}"
+            ) from None
     item.dest.parent.mkdir(parents=True, exist_ok=True)
     item.record_path.unlink(missing_ok=True)
     os.replace(partial, item.dest)
@@ -654,6 +662,8 @@ def _hub_errors(item: _HubFile, hub: _Hub, during_transfer: bool = False) -> Ite
         status = _status(exc)
         if status == 401:
             raise DownloadError(f"access denied: the hub rejected your token; {LOGIN_HINT}") from None
+        if during_transfer and status in (403, 410):  # a signed CDN link that expired
+            raise DownloadError(f"the download link for {path} expired (HTTP {status}); {again}") from None
         if status == 403:
             raise DownloadError(f"access denied to {repo} file {path} (403); {LOGIN_HINT}") from None
         if status == 404:

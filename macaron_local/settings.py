@@ -27,7 +27,7 @@ DEFAULTS: dict[str, Any] = {
     "n_threads": 0,  # 0: let llama.cpp choose
     "max_tokens": 512,
     "temperature": 0.0,
-    "kv_switch": "reset",  # how the engine keeps KV honest across adapter switches
+    "kv_switch": "state",  # bench/inference.py: restoring a saved KV state beats reset + re-prefill
     "system_prompt": "You are a helpful assistant.",
 }
 

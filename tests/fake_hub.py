@@ -19,7 +19,8 @@ It is a real HTTP server (two, in fact) on 127.0.0.1 that answers the requests h
   Authorization header" for a wrong token.
 
 It counts requests and body bytes served, can cut the next transfer off after N bytes (a dropped
-connection) and can then stay down (503 to everything: a pull that dies and is run again later). `use_fake_hub` points an already-imported huggingface_hub at it.
+connection) and can then stay down (503 to everything: a pull that dies and is run again later).
+`use_fake_hub` points an already-imported huggingface_hub at it.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class FakeHub:
         self.bytes_served = 0
         self._cut_after: int | None = None
         self._down_after_cut = False
+        self._fail_after_cut = 0
+        self._failing = 0  # how many more requests get a 503
         self._lock = threading.Lock()
         self._hub = _start(self, "hub")
         self._cdn = _start(self, "cdn")
@@ -105,12 +108,14 @@ class FakeHub:
 
     # -- control ---------------------------------------------------------------------------------
 
-    def cut_next_transfer(self, after: int, *, then_go_down: bool = False) -> None:
-        """Close the connection of the next GET body after `after` bytes (once); with
-        `then_go_down`, answer 503 to everything afterwards until `unavailable` is reset."""
+    def cut_next_transfer(self, after: int, *, then_go_down: bool = False, then_fail: int = 0) -> None:
+        """Close the connection of the next GET body after `after` bytes (once). Afterwards answer
+        503 to the next `then_fail` requests, or with `then_go_down` to everything until
+        `unavailable` is reset."""
         with self._lock:
             self._cut_after = after
             self._down_after_cut = then_go_down
+            self._fail_after_cut = then_fail
 
     def gets(self, server: str | None = None) -> list[Request]:
         """The GET requests made so far (to the hub, the CDN, or both)."""
@@ -141,9 +146,18 @@ class FakeHub:
     def _take_cut(self) -> int | None:
         with self._lock:
             cut, self._cut_after = self._cut_after, None
-            if cut is not None and self._down_after_cut:
-                self.unavailable, self._down_after_cut = True, False
+            if cut is not None:
+                self.unavailable = self.unavailable or self._down_after_cut
+                self._failing, self._fail_after_cut = self._fail_after_cut, 0
+                self._down_after_cut = False
             return cut
+
+    def _fails_now(self) -> bool:
+        with self._lock:
+            if self._failing:
+                self._failing -= 1
+                return True
+            return self.unavailable
 
     def _served(self, n: int) -> None:
         with self._lock:
@@ -160,7 +174,7 @@ def _start(hub: FakeHub, role: str) -> ThreadingHTTPServer:
     handler = type(f"{role.title()}Handler", (_Handler,), {"hub": hub, "role": role})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name=f"fake-{role}", daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), name=f"fake-{role}", daemon=True).start()
     return server
 
 
@@ -190,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.headers.get("Authorization"),
             )
         )
-        if self.hub.unavailable:
+        if self.hub._fails_now():
             self._error(503, None, "Service Unavailable", body)
         elif self.role == "cdn":
             self._cdn(path, body)
@@ -315,7 +329,9 @@ def use_fake_hub(hub: FakeHub, monkeypatch: pytest.MonkeyPatch, hf_home: Path) -
     reads those constants at call time; setting the variables now is therefore not enough when it
     is already imported (pytest imports it early), so the constants are patched as well. The
     environment is set too, for code that reads it at call time (macaron_local.download does) and
-    for subprocesses.
+    for subprocesses. Disabling telemetry matters beyond politeness: without it, huggingface_hub
+    2.4's `build_hf_headers` fetches `{ENDPOINT}/api/agent-harnesses` once per process (to tag the
+    user agent) and caches it under HF_HOME.
     """
     from huggingface_hub import constants
 

@@ -7,6 +7,7 @@ process exits with the error's code (2 for bad input). No traceback reaches the 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Local-first: huggingface_hub must not phone home; only an explicit pull touches the network.
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -43,7 +43,7 @@ class EngineConfig:
     n_threads: int = 0  # 0: default_threads()
     n_batch: int = 512
     kv_f32: bool = False  # F32 KV cache: exact logits for parity tests, twice the memory
-    kv_switch: str = "reset"  # "reset" or "state": how a switch keeps the KV cache honest
+    kv_switch: str = "state"  # "state" (restore KV saved under the new set) or "reset"
     max_saved_states: int = 4
     seed: int = 0
 
@@ -79,6 +79,14 @@ class Completion:
     ttft_ms: float = 0.0
     total_ms: float = 0.0
     adapters: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KVSnapshot:
+    """The KV cells of one conversation under one adapter set, and the tokens they hold."""
+
+    tokens: np.ndarray
+    data: bytes
 
 
 class Generation:
@@ -140,7 +148,7 @@ class Engine:
         self._n_vocab = self.llm.n_vocab()
         self._adapters: dict[str, AdapterHandle] = {}
         self._active: tuple[tuple[str, float], ...] = ()
-        self._states: OrderedDict[tuple[tuple[str, float], ...], llama_cpp.LlamaState] = OrderedDict()
+        self._states: OrderedDict[tuple[tuple[str, float], ...], KVSnapshot] = OrderedDict()
         self.template = self._load_template()
         self.switch_count = 0
 
@@ -230,16 +238,37 @@ class Engine:
             self.switch_count += 1
             saved = self._states.pop(new_key, None) if self.config.kv_switch == "state" else None
             if saved is not None:
-                self.llm.load_state(saved)
+                self._restore_state(saved)
             else:
                 self._clear_kv()
             return True
 
     def _remember_state(self, key: tuple[tuple[str, float], ...]) -> None:
-        self._states[key] = self.llm.save_state()
+        """Keep the KV cells of the current conversation, computed under the set `key`.
+
+        Only the sequence's KV cells are copied (llama_state_seq_*), not llama-cpp-python's
+        whole `save_state`, which also copies a logits buffer of n_batch x n_vocab floats.
+        """
+        ctx = self.llm.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, 0)
+        tokens = np.array(self.llm.input_ids[: self.llm.n_tokens], copy=True)
+        self._states[key] = KVSnapshot(tokens=tokens, data=bytes(buffer)[:written])
         self._states.move_to_end(key)
         while len(self._states) > self.config.max_saved_states:
             self._states.popitem(last=False)
+
+    def _restore_state(self, snapshot: KVSnapshot) -> None:
+        self._clear_kv()
+        data = (ctypes.c_uint8 * len(snapshot.data)).from_buffer_copy(snapshot.data)
+        if llama_cpp.llama_state_seq_set_data(self.llm.ctx, data, len(snapshot.data), 0) == 0:
+            self._clear_kv()  # could not restore: recompute from scratch instead
+            return
+        n = len(snapshot.tokens)
+        self.llm.input_ids[:n] = snapshot.tokens
+        self.llm.n_tokens = n
+        self.llm._requires_eval = True  # logits are not restored: generate() replays a token
 
     def _clear_kv(self) -> None:
         self.llm.reset()
