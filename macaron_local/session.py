@@ -69,6 +69,7 @@ class Session:
         self._experts: dict[str, AdapterHandle] = {}
         self._personal: dict[str, AdapterHandle] = {}
         self.messages: list[Message] = []
+        self.last_route: Route | None = None
         self.system_prompt: str = str(self.settings.get("system_prompt"))
         self._lock = threading.Lock()
 
@@ -129,6 +130,7 @@ class Session:
     # ----------------------------------------------------------------- turns
     def new_conversation(self) -> None:
         self.messages = []
+        self.last_route = None
 
     def route(self, text: str, expert: str | None = None, sticky_slot: str | None = None) -> Route:
         self.engine  # the expert adapters are known once the model is loaded  # noqa: B018
@@ -149,18 +151,25 @@ class Session:
         expert: str | None = None,
         params: GenerationParams | None = None,
         cancel: threading.Event | None = None,
+        role: str = "user",
     ) -> Reply:
-        """Route `text`, activate that expert's adapters and start streaming the reply. The user
-        message and, once the stream ends, the reply are appended to the conversation."""
+        """Route `text`, activate that expert's adapters and start streaming the reply. The
+        message and, once the stream ends, the reply are appended to the conversation.
+
+        `role="tool"` sends a tool result: it goes back to the expert that answered last (the
+        one that made the call), whatever its text says.
+        """
         params = params or GenerationParams(
             max_tokens=int(self.settings.get("max_tokens")),
             temperature=float(self.settings.get("temperature")),
         )
-        decision = self.route(text, expert)
+        sticky = self.last_route.slot if role == "tool" and self.last_route else None
+        decision = self.route(text, expert, sticky_slot=sticky)
+        self.last_route = decision
         engine = self.engine
         active = self.adapters_for(decision.slot)
         engine.set_adapters(active)
-        conversation = [*self.messages, {"role": "user", "content": text}]
+        conversation = [*self.messages, {"role": role, "content": text}]
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         tokens, dropped = engine.prompt_for([*system, *conversation], params.max_tokens)
         self.messages = conversation

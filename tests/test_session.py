@@ -85,6 +85,16 @@ def test_personal_adapter_stacks_on_the_expert(expert_home, tmp_path):
         assert np.abs(logits_both - session.engine.logits([1, 2, 3])).max() > 1e-3
 
 
+def test_tool_result_returns_to_the_expert_that_made_the_call(expert_home):
+    home, _, _ = expert_home
+    with open_session(home) as session:
+        first = session.send("write python code to list files", params=SHORT).wait()
+        result = session.send("file_a.txt\nfile_b.txt", role="tool", params=SHORT).wait()
+    assert first.route.slot == "L2"
+    assert (result.route.slot, result.route.method) == ("L2", "sticky")
+    assert session.messages[2]["role"] == "tool"
+
+
 def test_missing_expert_file_is_a_clear_error(expert_home):
     home, _, adapters = expert_home
     adapters["L2"].unlink()
