@@ -168,8 +168,7 @@ class Catalog:
                 root = importlib.resources.files(source.package)
             except ModuleNotFoundError:
                 raise ModelError(
-                    f"model {manifest.name!r} needs the Python package {source.package!r}; "
-                    "reinstall macaron-local"
+                    f"model {manifest.name!r} needs the Python package {source.package!r}; reinstall macaron-local"
                 ) from None
             return Path(str(root / source.file))
         if source.kind == "path":

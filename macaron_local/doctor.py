@@ -87,9 +87,7 @@ def _backend_check() -> Check:
         gpu = bool(llama_cpp.llama_supports_gpu_offload())
         info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
         features = " ".join(part for part in info.split("|") if "= 1" in part).replace(" = 1", "")
-        return Check(
-            "backend", True, f"llama.cpp {'with' if gpu else 'without'} GPU offload; {features[:120]}"
-        )
+        return Check("backend", True, f"llama.cpp {'with' if gpu else 'without'} GPU offload; {features[:120]}")
     except Exception as exc:  # a broken native build must be reported, not crash doctor
         return Check("backend", False, f"llama.cpp failed to load: {exc}")
 

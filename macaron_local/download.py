@@ -49,6 +49,14 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MAX_TRANSFER_ATTEMPTS = 20
 
 
+class DownloadCancelled(DownloadError):
+    """The user stopped the download; what arrived is kept and the next pull resumes it."""
+
+
+#: (file name, bytes done, total bytes or None), called as bytes arrive.
+ProgressCallback = Callable[[str, int, "int | None"], None]
+
+
 @dataclass
 class PullResult:
     """What a pull left on disk: the model's usable files, and what was already there."""
@@ -92,9 +100,7 @@ def check_free_disk(target_dir: str | os.PathLike[str], needed_bytes: int) -> No
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if needed_bytes > free:
-        raise DownloadError(
-            f"needs {_human(needed_bytes)} free in {target_dir}, only {_human(free)} available"
-        )
+        raise DownloadError(f"needs {_human(needed_bytes)} free in {target_dir}, only {_human(free)} available")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +163,7 @@ class _Hub:
 
     endpoint: str
     model: str
-    progress: bool
+    progress: bool | ProgressCallback
     explicit_token: str | None = None
     _token: list[str | None] = field(default_factory=list)
 
@@ -177,7 +183,11 @@ class _Hub:
 
 
 def pull(
-    catalog: Catalog, manifest: Manifest, *, progress: bool = True, token: str | None = None
+    catalog: Catalog,
+    manifest: Manifest,
+    *,
+    progress: bool | ProgressCallback = True,
+    token: str | None = None,
 ) -> PullResult:
     """Make `manifest`'s base model and expert adapters present and valid on this machine.
 
@@ -224,9 +234,7 @@ def pull(
             hub_files.extend(job.inputs)
         elif src.kind == "huggingface":
             # A GGUF adapter downloads straight to where the engine loads it from.
-            job.download = _hub_file(
-                catalog, manifest, src, job.label, out, lambda p: _check_adapter(p, base())
-            )
+            job.download = _hub_file(catalog, manifest, src, job.label, out, lambda p: _check_adapter(p, base()))
             hub_files.append(job.download)
         elif src.format == "peft":
             job.peft_dir = catalog.source_path(manifest, src)
@@ -379,12 +387,7 @@ def _probe(item: _HubFile, hub: _Hub) -> None:
             f"manifest pins {item.pinned_sha256}: the file changed upstream or the manifest is wrong"
         )
     expected = item.expected_sha256
-    if (
-        item.dest.is_file()
-        and expected
-        and _size_of(item.dest) == item.size
-        and sha256_file(item.dest) == expected
-    ):
+    if item.dest.is_file() and expected and _size_of(item.dest) == item.size and sha256_file(item.dest) == expected:
         _write_record(item)
         item.present = True
         return
@@ -422,8 +425,7 @@ def _fetch(item: _HubFile, hub: _Hub) -> int:
         lock.acquire()
     except filelock.Timeout:
         raise DownloadError(
-            f"another pull is already downloading {item.repo_path} into {item.dest.parent}; "
-            "wait for it to finish"
+            f"another pull is already downloading {item.repo_path} into {item.dest.parent}; wait for it to finish"
         ) from None
     try:
         if _recorded_complete(item):  # another pull finished it since we probed
@@ -471,6 +473,8 @@ def _transfer(item: _HubFile, hub: _Hub) -> int:
                         tqdm_class=_progress_class(hub.progress),
                     )
                 return fetched + sink.written
+            except DownloadCancelled:
+                raise
             except DownloadError as failure:
                 fetched += sink.written
                 if sink.written == 0 or attempt + 1 == _MAX_TRANSFER_ATTEMPTS:
@@ -523,9 +527,7 @@ def _verify_and_place(item: _HubFile) -> None:
             reason = str(exc)
             for shown in {str(partial.resolve()), str(partial)}:  # the temp name means nothing to users
                 reason = reason.replace(f"{shown}: ", "").replace(shown, "the file")
-            raise ModelError(
-                f"{item.label} ({item.source.repo} {item.repo_path}) is not usable: {reason}"
-            ) from None
+            raise ModelError(f"{item.label} ({item.source.repo} {item.repo_path}) is not usable: {reason}") from None
     item.dest.parent.mkdir(parents=True, exist_ok=True)
     item.record_path.unlink(missing_ok=True)
     os.replace(partial, item.dest)
@@ -682,8 +684,7 @@ def _hub_errors(item: _HubFile, hub: _Hub, during_transfer: bool = False) -> Ite
     except Exception as exc:
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise DownloadError(
-                f"the disk filled up while downloading {path} into {item.dest.parent}; "
-                f"free some space and {again}"
+                f"the disk filled up while downloading {path} into {item.dest.parent}; free some space and {again}"
             ) from None
         if not _is_transport_error(exc):
             if during_transfer and isinstance(exc, OSError) and "Consistency check" in str(exc):
@@ -747,19 +748,31 @@ class _CountingFile:
         return getattr(self._raw, name)
 
 
-def _progress_class(progress: bool) -> type | None:
+def _progress_class(progress: bool | ProgressCallback) -> type | None:
     """None keeps huggingface_hub's bar (which honours HF_HUB_DISABLE_PROGRESS_BARS); otherwise a
-    bar class that is always disabled, so quiet pulls do not flip process-wide state."""
-    if progress:
+    bar class that is always disabled, so quiet pulls do not flip process-wide state. A callable
+    `progress` is told (file name, bytes done, total) as bytes arrive; it may raise
+    DownloadCancelled to stop the transfer (the partial file is kept for resuming)."""
+    if progress is True:
         return None
     from huggingface_hub.utils import tqdm as hf_tqdm
 
-    class _NoBar(hf_tqdm):  # type: ignore[misc, valid-type]
+    report = progress if callable(progress) else None
+
+    class _QuietBar(hf_tqdm):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)
+            self._done = int(kwargs.get("initial") or 0)
+            self._name = str(kwargs.get("desc") or "")
 
-    return _NoBar
+        def update(self, n: float | None = 1) -> bool | None:
+            self._done += int(n or 0)
+            if report is not None:
+                report(self._name, self._done, self.total)
+            return super().update(n)
+
+    return _QuietBar
 
 
 def _endpoint() -> str:

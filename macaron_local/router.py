@@ -132,9 +132,7 @@ _KEYWORD_PATTERNS = {slot: _pattern(words) for slot, words in KEYWORDS.items()}
 def keyword_scores(text: str) -> dict[str, int]:
     """How many distinct keywords of each expert the request contains."""
     lowered = text.lower()
-    return {
-        slot: sum(1 for p in patterns if p.search(lowered)) for slot, patterns in _KEYWORD_PATTERNS.items()
-    }
+    return {slot: sum(1 for p in patterns if p.search(lowered)) for slot, patterns in _KEYWORD_PATTERNS.items()}
 
 
 def quote_untrusted(text: str) -> str:
@@ -176,9 +174,7 @@ def route(
         logprobs = list(classifier(classifier_messages(text), FORCED_PREFIX, labels))
         index = max(range(len(labels)), key=lambda i: logprobs[i])
         slot = f"L{labels[index]}"
-        return Route(
-            slot, "classifier", f"L0 classified the request as {slot} (logprob {logprobs[index]:.2f})"
-        )
+        return Route(slot, "classifier", f"L0 classified the request as {slot} (logprob {logprobs[index]:.2f})")
     why = "no keyword matched" if best == 0 else f"keywords tied between {', '.join(leaders)}"
     return Route(DEFAULT_SLOT, "default", f"{why}; default expert")
 
@@ -189,6 +185,4 @@ def normalize_slot(value: str) -> str:
     for slot, name in SLOTS.items():
         if text.upper() in (slot, slot[1:]) or text.lower() == name.lower():
             return slot
-    raise InvalidInputError(
-        f"unknown expert {value!r}: use one of {', '.join(f'{s} ({n})' for s, n in SLOTS.items())}"
-    )
+    raise InvalidInputError(f"unknown expert {value!r}: use one of {', '.join(f'{s} ({n})' for s, n in SLOTS.items())}")

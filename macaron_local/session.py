@@ -1,40 +1,52 @@
-"""The one API front ends use: open a model, send a message, get a routed, streamed reply.
+"""The one API front ends use: conversations, routed and streamed replies, and the user's feedback.
 
 A session owns the engine (loaded lazily: `macaron doctor` never pays for it), loads the model's
 expert adapters once, routes each turn to one expert, activates that expert's adapters, renders
 the conversation with the model's chat template (dropping the oldest turns when the context is
-full) and streams the reply. Front ends never touch llama.cpp directly.
+full) and streams the reply. Every message, turn and piece of feedback is written to the store
+as it happens, so a crash loses at most the reply being generated. Conversations are trees:
+editing a message or regenerating a reply adds a sibling and moves the current leaf; nothing is
+overwritten. Front ends never touch SQLite or llama.cpp directly.
 """
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Completion, Engine, EngineConfig, Generation, GenerationParams
 from macaron_local.engine.template import Message
-from macaron_local.errors import ModelError
+from macaron_local.errors import InvalidInputError, ModelError
 from macaron_local.router import Route, route
-from macaron_local.settings import Settings
+from macaron_local.settings import Settings, write_private_atomic
+from macaron_local.store import LearningRun, Store, open_default_store
 
 
 @dataclass
 class Reply:
-    """A reply being generated. Iterate it for text; afterwards `completion` is final."""
+    """A reply being generated. Iterate it for text; afterwards `completion` is final and
+    `message_id` names the stored reply (also after a cancel: what was said is kept)."""
 
     route: Route
     adapters: tuple[str, ...]
     dropped_messages: int
     generation: Generation
-    _on_done: object = field(default=None, repr=False)
+    conversation_id: str = ""
+    user_message_id: str = ""
+    message_id: str | None = None
+    _on_done: Callable[[Reply], None] | None = field(default=None, repr=False)
 
     def __iter__(self) -> Iterator[str]:
-        yield from self.generation
-        if callable(self._on_done):
-            self._on_done(self)
+        try:
+            yield from self.generation
+        finally:
+            if self._on_done is not None:
+                done, self._on_done = self._on_done, None
+                done(self)
 
     @property
     def completion(self) -> Completion:
@@ -51,8 +63,27 @@ class Reply:
         return self
 
 
+@dataclass(frozen=True)
+class TranscriptItem:
+    """One message of the current branch, as a front end shows it."""
+
+    message_id: str
+    role: str
+    content: str
+    tag: str = ""  # which expert and adapters wrote a reply, or "your correction"
+    marks: list[str] = field(default_factory=list)  # feedback given and branch position
+    branch: tuple[int, int] = (1, 1)  # (this sibling's number, how many siblings)
+
+
+@dataclass(frozen=True)
+class LearningStatus:
+    paused: bool
+    pending_feedback: int
+    runs: list[LearningRun]
+
+
 class Session:
-    """One conversation with one model (its experts loaded once, switched per turn)."""
+    """The user's conversations with one model (its experts loaded once, switched per turn)."""
 
     def __init__(
         self,
@@ -60,6 +91,7 @@ class Session:
         model: str | None = None,
         *,
         engine_config: dict | None = None,
+        store: Store | None = None,
     ) -> None:
         self.settings = settings or Settings.load()
         self.catalog = Catalog(self.settings)
@@ -68,12 +100,19 @@ class Session:
         self._engine: Engine | None = None
         self._experts: dict[str, AdapterHandle] = {}
         self._personal: dict[str, AdapterHandle] = {}
-        self.messages: list[Message] = []
+        self._store = store
+        self.conversation_id: str | None = None
+        self.leaf_id: str | None = None
         self.last_route: Route | None = None
         self.system_prompt: str = str(self.settings.get("system_prompt"))
-        self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- model
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = open_default_store(self.settings)
+        return self._store
+
     @property
     def model_path(self) -> Path:
         return self.catalog.base_path(self.manifest)
@@ -85,6 +124,10 @@ class Session:
             self.load()
         assert self._engine is not None
         return self._engine
+
+    @property
+    def loaded(self) -> bool:
+        return self._engine is not None
 
     def load(self) -> None:
         path = self.model_path
@@ -101,8 +144,7 @@ class Session:
             "kv_switch": str(self.settings.get("kv_switch")),
             **self._engine_overrides,
         }
-        config = EngineConfig(model_path=path, **options)
-        engine = Engine(config)
+        engine = Engine(EngineConfig(model_path=path, **options))
         try:
             for slot in SLOTS:
                 adapter_path = self.catalog.expert_path(self.manifest, slot)
@@ -116,6 +158,12 @@ class Session:
             raise
         self._engine = engine
 
+    def switch_model(self, name: str) -> None:
+        """Use another model from the next turn on (the current engine is closed)."""
+        manifest = self.catalog.get(name)
+        self._close_engine()
+        self.manifest = manifest
+
     def set_personal_adapter(self, slot: str, path: Path | None) -> None:
         """Serve the user's own adapter for `slot` stacked on the expert (None removes it)."""
         if path is None:
@@ -127,11 +175,85 @@ class Session:
         """The active set for a turn routed to `slot`: the expert, then the personal adapter."""
         return [h for h in (self._experts.get(slot), self._personal.get(slot)) if h is not None]
 
-    # ----------------------------------------------------------------- turns
+    # ----------------------------------------------------------------- conversations
+    @property
+    def messages(self) -> list[Message]:
+        """The current branch of the open conversation, oldest first."""
+        if self.leaf_id is None:
+            return []
+        return [{"role": m.role, "content": m.content} for m in self.store.path(self.leaf_id)]
+
     def new_conversation(self) -> None:
-        self.messages = []
+        """Start afresh; the conversation is created in the store with its first message."""
+        self.conversation_id = None
+        self.leaf_id = None
         self.last_route = None
 
+    def open_conversation(self, conversation_id: str) -> None:
+        conversation = self.store.get_conversation(conversation_id)
+        self.conversation_id = conversation.id
+        self.leaf_id = conversation.current_leaf_id
+        self.last_route = None
+
+    def transcript(self) -> list[TranscriptItem]:
+        """The current branch with each reply's expert tag, the feedback given on it, and its
+        position among its siblings (branches)."""
+        if self.conversation_id is None or self.leaf_id is None:
+            return []
+        conversation = self.store.get_conversation(self.conversation_id)
+        turns = {t.message_id: t for t in conversation.turns}
+        feedback: dict[str, list] = {}
+        for item in conversation.feedback:
+            feedback.setdefault(item.message_id, []).append(item)
+        corrected_from = {f.message_id for f in conversation.feedback if f.kind == "correction"}
+        by_parent: dict[str | None, list[str]] = {}
+        for message in conversation.messages:
+            by_parent.setdefault(message.parent_id, []).append(message.id)
+        items = []
+        for message in self.store.path(self.leaf_id):
+            siblings = by_parent.get(message.parent_id, [message.id])
+            position = (siblings.index(message.id) + 1, len(siblings))
+            marks = []
+            ratings = [f.value for f in feedback.get(message.id, []) if f.kind == "rating"]
+            if ratings:
+                marks.append("[green]+1[/green]" if ratings[-1] > 0 else "[red]-1[/red]")
+            if message.id in corrected_from:
+                marks.append("[yellow]corrected[/yellow]")
+            if position[1] > 1:
+                marks.append(f"[dim]branch {position[0]}/{position[1]}[/dim]")
+            tag = ""
+            if message.role == "assistant":
+                turn = turns.get(message.id)
+                if turn is None:
+                    tag = "your correction"
+                else:
+                    expert = turn.expert or "L0"
+                    tag = f"{expert} {SLOTS.get(expert, '')}".strip()
+                    if turn.adapters:
+                        tag += " · " + ", ".join(turn.adapters)
+            items.append(TranscriptItem(message.id, message.role, message.content, tag, marks, position))
+        return items
+
+    def switch_branch(self, message_id: str, step: int) -> bool:
+        """Show the previous (-1) or next (+1) sibling of `message_id` and its latest descendants."""
+        siblings = self.store.siblings(message_id)
+        ids = [m.id for m in siblings]
+        if message_id not in ids or self.conversation_id is None:
+            return False
+        index = ids.index(message_id) + step
+        if not 0 <= index < len(ids):
+            return False
+        self.leaf_id = self.store.set_current_leaf(self.conversation_id, ids[index], descend=True)
+        return True
+
+    def select(self, message_id: str) -> None:
+        """Make the branch ending at `message_id` current (e.g. an earlier sibling)."""
+        if self.conversation_id is None:
+            raise InvalidInputError("no conversation is open")
+        self.store.set_current_leaf(self.conversation_id, message_id)
+        self.leaf_id = message_id
+
+    # ----------------------------------------------------------------- turns
     def route(self, text: str, expert: str | None = None, sticky_slot: str | None = None) -> Route:
         self.engine  # the expert adapters are known once the model is loaded  # noqa: B018
         classifier = self._classify if "L0" in self._experts else None
@@ -144,6 +266,13 @@ class Session:
         prompt = engine.render_tokens(messages) + engine.tokenize(prefix)
         return [float(engine.token_logprobs(prompt, engine.tokenize(label)).sum()) for label in labels]
 
+    def default_params(self) -> GenerationParams:
+        return GenerationParams(
+            max_tokens=int(self.settings.get("max_tokens")),
+            temperature=float(self.settings.get("temperature")),
+            repeat_penalty=float(self.settings.get("repeat_penalty")),
+        )
+
     def send(
         self,
         text: str,
@@ -153,44 +282,184 @@ class Session:
         cancel: threading.Event | None = None,
         role: str = "user",
     ) -> Reply:
-        """Route `text`, activate that expert's adapters and start streaming the reply. The
-        message and, once the stream ends, the reply are appended to the conversation.
+        """Store `text` as the next message, route it, and start streaming the reply.
 
         `role="tool"` sends a tool result: it goes back to the expert that answered last (the
         one that made the call), whatever its text says.
         """
-        params = params or GenerationParams(
-            max_tokens=int(self.settings.get("max_tokens")),
-            temperature=float(self.settings.get("temperature")),
-        )
+        if not text.strip():
+            raise InvalidInputError("the message is empty")
+        if self.conversation_id is None:
+            self.conversation_id = self.store.new_conversation(self.manifest.name, self.system_prompt)
+        message_id = self.store.add_message(self.conversation_id, role, text, self.leaf_id)
+        self.leaf_id = message_id
         sticky = self.last_route.slot if role == "tool" and self.last_route else None
-        decision = self.route(text, expert, sticky_slot=sticky)
+        return self._reply_to(message_id, text, expert, params, cancel, sticky)
+
+    def edit(self, message_id: str, text: str, **kw) -> Reply:
+        """Edit an earlier user message: a new sibling branch, answered afresh."""
+        original = self.store.get_message(message_id)
+        if original.role != "user":
+            raise InvalidInputError("only your own messages can be edited; correct a reply instead")
+        self.leaf_id = original.parent_id
+        return self.send(text, **kw)
+
+    def regenerate(self, message_id: str | None = None, **kw) -> Reply:
+        """Answer the same message again: the old reply is kept as a sibling and recorded as a
+        regenerate (a weak negative for learning)."""
+        target = self.store.get_message(message_id or self._require_leaf())
+        if target.role != "assistant" or target.parent_id is None:
+            raise InvalidInputError("only a reply can be regenerated")
+        self.store.add_feedback(target.id, "regenerate")
+        parent = self.store.get_message(target.parent_id)
+        self.leaf_id = parent.id
+        return self._reply_to(parent.id, parent.content, kw.pop("expert", None), **kw)
+
+    def correct(self, message_id: str, text: str) -> str:
+        """Record the user's corrected version of a reply and make it the reply shown and used
+        from now on (a sibling: the original stays in the tree). Returns the new message id."""
+        target = self.store.get_message(message_id)
+        if target.role != "assistant" or target.parent_id is None:
+            raise InvalidInputError("only a reply can be corrected")
+        if not text.strip():
+            raise InvalidInputError("the corrected reply is empty")
+        corrected = self.store.add_correction(target.id, text)
+        if target.conversation_id == self.conversation_id:
+            self.leaf_id = corrected
+        return corrected
+
+    def rate(self, message_id: str, value: int, comment: str | None = None) -> int:
+        return self.store.add_feedback(message_id, "rating", value=value, text=comment)
+
+    def _require_leaf(self) -> str:
+        if self.leaf_id is None:
+            raise InvalidInputError("there is no reply yet")
+        return self.leaf_id
+
+    def _reply_to(
+        self,
+        message_id: str,
+        text: str,
+        expert: str | None = None,
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+        sticky_slot: str | None = None,
+    ) -> Reply:
+        params = params or self.default_params()
+        decision = self.route(text, expert, sticky_slot=sticky_slot)
         self.last_route = decision
         engine = self.engine
         active = self.adapters_for(decision.slot)
         engine.set_adapters(active)
-        conversation = [*self.messages, {"role": role, "content": text}]
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        tokens, dropped = engine.prompt_for([*system, *conversation], params.max_tokens)
-        self.messages = conversation
+        tokens, dropped = engine.prompt_for([*system, *self.messages], params.max_tokens)
+        conversation_id = self.conversation_id
+        assert conversation_id is not None
 
         def finished(reply: Reply) -> None:
-            self.messages.append({"role": "assistant", "content": reply.text})
+            done = reply.completion
+            reply.message_id, _ = self.store.add_reply(
+                conversation_id,
+                message_id,
+                done.text,
+                {
+                    "model": self.manifest.name,
+                    "expert": decision.slot,
+                    "route_method": decision.method,
+                    "route_reason": decision.reason,
+                    "adapters": list(reply.adapters),
+                    "sampling": {
+                        "temperature": params.temperature,
+                        "top_p": params.top_p,
+                        "top_k": params.top_k,
+                        "min_p": params.min_p,
+                        "max_tokens": params.max_tokens,
+                    },
+                    "prompt_tokens": done.prompt_tokens,
+                    "completion_tokens": len(done.tokens),
+                    "ttft_ms": done.ttft_ms,
+                    "total_ms": done.total_ms,
+                    "finish_reason": done.finish_reason or "cancelled",
+                },
+            )
+            if self.conversation_id == conversation_id:
+                self.leaf_id = reply.message_id
 
         return Reply(
             route=decision,
             adapters=tuple(h.path.name for h in active),
             dropped_messages=dropped,
             generation=engine.stream(tokens, params, cancel),
+            conversation_id=conversation_id,
+            user_message_id=message_id,
             _on_done=finished,
         )
 
-    def close(self) -> None:
+    # ----------------------------------------------------------------- history
+    def list_conversations(self, limit: int = 50):
+        return self.store.list_conversations(limit=limit)
+
+    def search(self, query: str, limit: int = 20):
+        return self.store.search(query, limit=limit)
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        self.store.rename(conversation_id, title)
+
+    def forget(self, conversation_id: str):
+        """Delete a conversation everywhere and mark what learned from it."""
+        result = self.store.forget(conversation_id)
+        if self.conversation_id == conversation_id:
+            self.new_conversation()
+        return result
+
+    def export_markdown_file(self, directory: Path) -> Path:
+        """Write the open conversation as `<title>.md` in `directory` (atomically, 0600)."""
+        conversation = self.store.get_conversation(self._require_conversation())
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", conversation.title or "conversation").strip("-")[:60]
+        path = directory / f"{stem or 'conversation'}.md"
+        write_private_atomic(path, self.export_markdown(conversation.id).encode("utf-8"))
+        return path
+
+    def available_models(self) -> list[Manifest]:
+        """Models whose base file is on this machine (a switch never starts a download)."""
+        return [m for m in self.catalog.manifests() if self.catalog.base_path(m).is_file()]
+
+    # ----------------------------------------------------------------- learning
+    def learning_status(self) -> LearningStatus:
+        runs = self.store.learning_runs()
+        used = {i for run in runs for i in run.feedback_ids}
+        pending = sum(1 for item in self.store.feedback_rows() if item.feedback.id not in used)
+        return LearningStatus(bool(self.settings.get("learning_paused")), pending, runs[::-1][:20])
+
+    def set_learning_paused(self, paused: bool) -> None:
+        self.settings.save(learning_paused=paused)
+
+    def export_markdown(self, conversation_id: str | None = None) -> str:
+        """The current branch of a conversation as Markdown, for sharing or keeping."""
+        conversation = self.store.get_conversation(conversation_id or self._require_conversation())
+        lines = [f"# {conversation.title or 'Conversation'}", ""]
+        for message in self.store.path(conversation.current_leaf_id) if conversation.current_leaf_id else []:
+            lines += [f"## {message.role.capitalize()}", "", message.content, ""]
+        return "\n".join(lines)
+
+    def _require_conversation(self) -> str:
+        if self.conversation_id is None:
+            raise InvalidInputError("no conversation is open")
+        return self.conversation_id
+
+    # ----------------------------------------------------------------- lifecycle
+    def _close_engine(self) -> None:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
             self._experts.clear()
             self._personal.clear()
+
+    def close(self) -> None:
+        self._close_engine()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     def __enter__(self) -> Session:
         return self

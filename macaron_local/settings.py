@@ -27,8 +27,10 @@ DEFAULTS: dict[str, Any] = {
     "n_threads": 0,  # 0: let llama.cpp choose
     "max_tokens": 512,
     "temperature": 0.0,
+    "repeat_penalty": 1.1,  # small models loop without it
     "kv_switch": "state",  # bench/inference.py: restoring a saved KV state beats reset + re-prefill
     "system_prompt": "You are a helpful assistant.",
+    "learning_paused": False,
 }
 
 
@@ -84,6 +86,10 @@ class Settings:
         """Create every directory 0700 (the data directory holds private conversations)."""
         for path in (self.data_dir, self.config_dir, self.cache_dir, self.log_dir):
             _private_dir(path)
+
+    def configured(self) -> dict[str, Any]:
+        """Only what the user's settings file says (no defaults): e.g. has a model been chosen?"""
+        return self._read_file()
 
     def get(self, key: str) -> Any:
         return self.values.get(key, DEFAULTS.get(key))

@@ -76,14 +76,10 @@ def random_adapter(
         a = rng.normal(0, 1 / np.sqrt(inp), (rank, inp)).astype(np.float32)
         b = rng.normal(0, magnitude / np.sqrt(rank), (out, rank)).astype(np.float32)
         pairs[name] = LoraPair(a, b)
-    return LoraAdapter(
-        architecture=model.config.arch, alpha=alpha if alpha is not None else 2.0 * rank, pairs=pairs
-    )
+    return LoraAdapter(architecture=model.config.arch, alpha=alpha if alpha is not None else 2.0 * rank, pairs=pairs)
 
 
-def write_random_adapter(
-    path: Path, model: TinyModel, rank: int, *, seed: int, dtype: str = "F32", **kw
-) -> Path:
+def write_random_adapter(path: Path, model: TinyModel, rank: int, *, seed: int, dtype: str = "F32", **kw) -> Path:
     return write_adapter(path, random_adapter(model, rank, seed=seed, **kw), dtype=dtype)
 
 

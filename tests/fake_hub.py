@@ -305,9 +305,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.hub._served(len(chunk))
 
-    def _error(
-        self, status: int, code: str | None, message: str, body: bool, commit: str | None = None
-    ) -> None:
+    def _error(self, status: int, code: str | None, message: str, body: bool, commit: str | None = None) -> None:
         payload = json.dumps({"error": message}).encode()
         self.send_response(status)
         if code:

@@ -86,11 +86,7 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
         LoraAdapter(
             "llama",
             8.0,
-            {
-                k[: -len(".lora_a")]: LoraPair(v, good[k[:-1] + "b"])
-                for k, v in good.items()
-                if k.endswith("_a")
-            },
+            {k[: -len(".lora_a")]: LoraPair(v, good[k[:-1] + "b"]) for k, v in good.items() if k.endswith("_a")},
         ),
     )
     blob = valid.read_bytes()
@@ -130,15 +126,11 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
     da = good["blk.0.ffn_down.weight.lora_a"]
     case(
         "lora_a_wrong_in_dim",
-        lambda p: raw_adapter(
-            p, changed("blk.0.attn_q.weight.lora_a", np.zeros((4, qa.shape[1] + 1), np.float32))
-        ),
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", np.zeros((4, qa.shape[1] + 1), np.float32))),
     )
     case(
         "lora_b_wrong_out_dim",
-        lambda p: raw_adapter(
-            p, changed("blk.0.attn_q.weight.lora_b", np.zeros((qb.shape[0] + 2, 4), np.float32))
-        ),
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_b", np.zeros((qb.shape[0] + 2, 4), np.float32))),
     )
     case(
         "lora_a_transposed",
@@ -150,15 +142,11 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
     )
     case(
         "rank_mismatch",
-        lambda p: raw_adapter(
-            p, changed("blk.0.attn_q.weight.lora_b", np.zeros((qb.shape[0], 8), np.float32))
-        ),
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_b", np.zeros((qb.shape[0], 8), np.float32))),
     )
     case(
         "lora_a_three_dims",
-        lambda p: raw_adapter(
-            p, changed("blk.0.attn_q.weight.lora_a", np.zeros((2, 4, qa.shape[1]), np.float32))
-        ),
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", np.zeros((2, 4, qa.shape[1]), np.float32))),
     )
     case(
         "lora_a_one_dim",
@@ -177,9 +165,7 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
 
     case(
         "unknown_layer",
-        lambda p: raw_adapter(
-            p, {**good, "blk.9.attn_q.weight.lora_a": qa, "blk.9.attn_q.weight.lora_b": qb}
-        ),
+        lambda p: raw_adapter(p, {**good, "blk.9.attn_q.weight.lora_a": qa, "blk.9.attn_q.weight.lora_b": qb}),
     )
     case(
         "unknown_tensor_name",
@@ -221,9 +207,7 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
     case("no_tensors", lambda p: raw_adapter(p, {}))
     case(
         "tensor_type_q4_0",
-        lambda p: raw_adapter(
-            p, good, raw_types={"blk.0.attn_q.weight.lora_a": gguf.GGMLQuantizationType.Q4_0}
-        ),
+        lambda p: raw_adapter(p, good, raw_types={"blk.0.attn_q.weight.lora_a": gguf.GGMLQuantizationType.Q4_0}),
     )
     case(
         "tensor_type_f64",

@@ -62,9 +62,7 @@ def validate_cli(home: Path, path: Path) -> subprocess.CompletedProcess[str]:
 def test_cli_rejects_every_malformed_file_with_one_line_and_exit_2(corpus, tiny_home):
     _, cases = corpus
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(
-            zip(cases, pool.map(lambda p: validate_cli(tiny_home, p), cases.values()), strict=True)
-        )
+        results = dict(zip(cases, pool.map(lambda p: validate_cli(tiny_home, p), cases.values()), strict=True))
     for name, done in results.items():
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2, f"{name}: exit {done.returncode}: {done.stderr}"

@@ -68,9 +68,7 @@ def test_models_list_add_verify(tmp_path, tiny_model):
     assert listed[0]["present"] and listed[0]["default"] and not listed[1]["present"]
     added = run_cli("models", "add", "tiny", str(model.path), home=tmp_path)
     assert added.returncode == 0, added.stderr
-    assert "tiny" in {
-        m["name"] for m in json.loads(run_cli("models", "list", "--json", home=tmp_path).stdout)
-    }
+    assert "tiny" in {m["name"] for m in json.loads(run_cli("models", "list", "--json", home=tmp_path).stdout)}
     assert run_cli("models", "verify", "tiny", home=tmp_path).returncode == 0
     again = run_cli("models", "add", "tiny", str(model.path), home=tmp_path)
     assert again.returncode == 2 and "already exists" in again.stderr

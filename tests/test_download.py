@@ -183,9 +183,7 @@ def test_a_dropped_transfer_resumes_where_it_stopped(hub, settings, catalog, mod
     assert result.downloaded_bytes == len(model_bytes)
 
 
-def test_a_transfer_that_fails_after_progress_asks_the_hub_again_and_finishes(
-    hub, settings, catalog, model_bytes
-):
+def test_a_transfer_that_fails_after_progress_asks_the_hub_again_and_finishes(hub, settings, catalog, model_bytes):
     """huggingface_hub's own retry meets a 503 (as from an expired CDN link); since bytes had
     arrived, pull asks the hub for the file again (HEAD) and resumes in the same run."""
     manifest = add_manifest(settings)
@@ -375,9 +373,7 @@ def test_a_gated_repo_without_a_token_asks_to_log_in(hub, settings, catalog):
     assert hub.gets() == []
 
 
-def test_a_gated_repo_with_the_token_downloads_and_never_shows_it(
-    hub, settings, catalog, model_bytes, capfd, caplog
-):
+def test_a_gated_repo_with_the_token_downloads_and_never_shows_it(hub, settings, catalog, model_bytes, capfd, caplog):
     caplog.set_level(logging.DEBUG)
     manifest = add_manifest(settings, repo=GATED)
     hub.cut_next_transfer(100)  # also exercise the retry path's messages
@@ -404,9 +400,7 @@ def test_the_stored_token_is_used_when_none_is_passed(hub, settings, catalog, mo
 
 def test_a_rejected_token_asks_to_log_in_again(hub, settings, catalog):
     manifest = add_manifest(settings, repo=GATED)
-    with pytest.raises(
-        DownloadError, match="rejected your token; log in with `macaron auth login`"
-    ) as failure:
+    with pytest.raises(DownloadError, match="rejected your token; log in with `macaron auth login`") as failure:
         pull(catalog, manifest, progress=False, token="hf_wrong")
     assert "hf_wrong" not in str(failure.value)
 
@@ -510,3 +504,25 @@ def test_the_fake_hub_speaks_what_hf_hub_download_expects(hub, tmp_path, model_b
     hub.files[(REPO, "sub/config.json")] = b"{}"
     path = hf_hub_download(REPO, "config.json", subfolder="sub", local_dir=tmp_path / "plain")
     assert Path(path).read_bytes() == b"{}"
+
+
+def test_progress_callback_reports_bytes_and_can_cancel(hub, settings, catalog, model_bytes):
+    """The app's first-run screen shows progress and offers cancel: a callback that raises
+    DownloadCancelled stops the transfer, and the next pull resumes from what arrived."""
+    from macaron_local.download import DownloadCancelled
+
+    manifest, size = add_manifest(settings), len(model_bytes)
+    seen: list[tuple[int, int | None]] = []
+
+    def stop_halfway(name: str, done: int, total: int | None) -> None:
+        seen.append((done, total))
+        if done >= size // 2:
+            raise DownloadCancelled("download cancelled")
+
+    with pytest.raises(DownloadCancelled):
+        pull(catalog, manifest, progress=stop_halfway)
+    assert seen and seen[-1][1] == size and seen[-1][0] >= size // 2
+    assert not catalog.base_path(manifest).exists()
+    result = pull(catalog, manifest, progress=False)
+    assert catalog.base_path(manifest).is_file()
+    assert result.downloaded_bytes <= size - size // 2 + 1024

@@ -42,9 +42,7 @@ def test_base_logits_match_reference(tiny_model, arch, tied):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-@pytest.mark.parametrize(
-    "dtypes", [("F32", "F32"), ("F16", "F32"), ("F16", "F16")], ids=lambda d: "+".join(d)
-)
+@pytest.mark.parametrize("dtypes", [("F32", "F32"), ("F16", "F32"), ("F16", "F16")], ids=lambda d: "+".join(d))
 def test_two_adapters_rank_1_and_8_match_reference(tiny_model, tmp_path, arch, tied, dtypes):
     model = tiny_model(arch, tied)
     first = write_random_adapter(tmp_path / "r1.gguf", model, rank=1, seed=1, dtype=dtypes[0])

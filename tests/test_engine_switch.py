@@ -133,9 +133,7 @@ def test_cancel_stops_generation(tiny_model):
     model = tiny_model("llama", False)
     cancel = threading.Event()
     with open_engine(model.path) as engine:
-        generation = engine.stream(
-            PROMPT, GenerationParams(max_tokens=50, temperature=0.0, min_p=0.0), cancel
-        )
+        generation = engine.stream(PROMPT, GenerationParams(max_tokens=50, temperature=0.0, min_p=0.0), cancel)
         for i, _ in enumerate(generation):
             if i == 2:
                 cancel.set()

@@ -41,9 +41,7 @@ def hf_model(tmp_path, arch: str) -> tuple[TinyModel, TinyModel]:
     if arch == "llama":
         for i in range(config.n_layer):
             gguf_weights[f"blk.{i}.attn_q.weight"] = permute_qk(hf[f"blk.{i}.attn_q.weight"], config.n_head)
-            gguf_weights[f"blk.{i}.attn_k.weight"] = permute_qk(
-                hf[f"blk.{i}.attn_k.weight"], config.n_head_kv
-            )
+            gguf_weights[f"blk.{i}.attn_k.weight"] = permute_qk(hf[f"blk.{i}.attn_k.weight"], config.n_head_kv)
     model = write_tiny_model(tmp_path / f"{arch}.gguf", config, gguf_weights)
     return model, TinyModel(model.path, config, hf)
 
@@ -107,9 +105,7 @@ def test_llama_q_rows_are_permuted_and_qwen3_rows_are_not(tmp_path):
         workdir.mkdir()
         model, hf_view = hf_model(workdir, arch)
         directory, pairs = peft_dir(workdir, hf_view, rank=4, alpha=4)
-        out = convert_peft_dir(
-            directory, BaseModelInfo.from_gguf(model.path), workdir / "a.gguf", dtype="F32"
-        )
+        out = convert_peft_dir(directory, BaseModelInfo.from_gguf(model.path), workdir / "a.gguf", dtype="F32")
         stored = read_adapter(out).pairs["blk.0.attn_q.weight"].b
         hf_b = pairs["blk.0.attn_q.weight"][1]
         expected = permute_qk(hf_b, model.config.n_head) if permuted else hf_b

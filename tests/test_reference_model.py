@@ -204,9 +204,7 @@ def test_hf_convention_neox_rope_matches_permuted_gguf(tmp_path: Path) -> None:
     for name, (a, b) in hf_lora.tensors.items():
         n = config.n_head if ".attn_q." in name else config.n_head_kv
         gguf_tensors[name] = (a, permute_qk(b, n))
-    adapter = write_lora_gguf(
-        tmp_path / "hf-lora.gguf", "llama", LoraDelta(gguf_tensors, alpha=hf_lora.alpha)
-    )
+    adapter = write_lora_gguf(tmp_path / "hf-lora.gguf", "llama", LoraDelta(gguf_tensors, alpha=hf_lora.alpha))
 
     ref = reference_logits(hf_model, TOKENS, rope_style="neox")
     ref_lora = reference_logits(hf_model, TOKENS, [hf_lora], rope_style="neox")

@@ -100,9 +100,7 @@ def convert_peft_dir(
     except AdapterError:
         raise
     except Exception as exc:
-        raise AdapterError(
-            f"{peft_dir}: unreadable PEFT adapter ({' '.join(str(exc).split())[:160]})"
-        ) from None
+        raise AdapterError(f"{peft_dir}: unreadable PEFT adapter ({' '.join(str(exc).split())[:160]})") from None
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise AdapterError(f"{peft_dir}: peft_type {config.get('peft_type')!r} is not LORA")
 
@@ -148,9 +146,7 @@ def _convert(config: dict, tensors: dict[str, np.ndarray], base: BaseModelInfo, 
     for module, halves in sorted(modules.items()):
         target = _gguf_name(module, name_map)
         if target is None or target not in base.tensors:
-            raise AdapterError(
-                f"{where}: module {module} has no tensor in the {base.architecture} base model"
-            )
+            raise AdapterError(f"{where}: module {module} has no tensor in the {base.architecture} base model")
         if "EA" in halves or "EB" in halves:
             # Embedding LoRA: A is (r, vocab), B is (embd, r); llama.cpp wants (vocab, r) and (embd, r).
             a, b = halves["EA"].T, halves["EB"]

@@ -98,9 +98,7 @@ class AdapterReport:
     def summary(self) -> str:
         ranks = "/".join(str(r) for r in self.ranks)
         types = "/".join(self.storage_types)
-        return (
-            f"LoRA for {self.architecture}: {self.n_pairs} pairs, rank {ranks}, alpha {self.alpha:g}, {types}"
-        )
+        return f"LoRA for {self.architecture}: {self.n_pairs} pairs, rank {ranks}, alpha {self.alpha:g}, {types}"
 
 
 def _why(exc: BaseException) -> str:
@@ -147,18 +145,14 @@ def _check_metadata(path: Path, reader: gguf.GGUFReader, base: BaseModelInfo) ->
         raise AdapterError(f"{path}: adapter.type is {adapter_type!r}, expected 'lora'")
     arch = field_value(reader, "general.architecture")
     if arch != base.architecture:
-        raise AdapterError(
-            f"{path}: adapter is for architecture {arch!r} but the base model is {base.architecture!r}"
-        )
+        raise AdapterError(f"{path}: adapter is for architecture {arch!r} but the base model is {base.architecture!r}")
     alpha_field = reader.get_field("adapter.lora.alpha")
     if alpha_field is None:
         raise AdapterError(f"{path}: adapter.lora.alpha is missing")
     alpha_types = alpha_field.types
     if alpha_types != [gguf.GGUFValueType.FLOAT32]:
         got = "/".join(t.name for t in alpha_types) or "unknown"
-        raise AdapterError(
-            f"{path}: adapter.lora.alpha must be FLOAT32, found {got} (llama.cpp aborts on it)"
-        )
+        raise AdapterError(f"{path}: adapter.lora.alpha must be FLOAT32, found {got} (llama.cpp aborts on it)")
     alpha = float(alpha_field.contents())
     if not np.isfinite(alpha) or alpha <= 0:
         raise AdapterError(f"{path}: adapter.lora.alpha must be a positive finite number, found {alpha}")
@@ -198,9 +192,7 @@ def _check_pair_shapes(
     return rank
 
 
-def validate_adapter(
-    path: str | os.PathLike[str], base: BaseModelInfo, *, check_values: bool = True
-) -> AdapterReport:
+def validate_adapter(path: str | os.PathLike[str], base: BaseModelInfo, *, check_values: bool = True) -> AdapterReport:
     """Raise AdapterError unless `path` is a LoRA adapter llama.cpp can safely apply to `base`.
 
     Any exception while parsing untrusted bytes means the file is malformed, so it becomes an

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from macaron_local.cli.common import add_model_option, load_settings, print_json
-from macaron_local.engine import GenerationParams
 from macaron_local.errors import InvalidInputError
 from macaron_local.session import Session
 
@@ -43,10 +42,11 @@ def run(args: argparse.Namespace) -> int:
     with Session(settings, model=args.model) as session:
         if args.system is not None:
             session.system_prompt = args.system
-        params = GenerationParams(
-            max_tokens=args.max_tokens or int(settings.get("max_tokens")),
-            temperature=float(settings.get("temperature") if args.temperature is None else args.temperature),
-        )
+        params = session.default_params()
+        if args.max_tokens:
+            params.max_tokens = args.max_tokens
+        if args.temperature is not None:
+            params.temperature = args.temperature
         reply = session.send(prompt, expert=args.expert, params=params)
         if args.json:
             reply.wait()

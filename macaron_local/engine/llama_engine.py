@@ -125,9 +125,7 @@ class Engine:
         if self.base_info.kind == "adapter":
             raise ModelError(f"{config.model_path} is an adapter, not a base model")
         threads = config.n_threads or default_threads()
-        kv_type = (
-            {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if config.kv_f32 else {}
-        )
+        kv_type = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if config.kv_f32 else {}
         try:
             self.llm = llama_cpp.Llama(
                 model_path=str(config.model_path),
@@ -227,12 +225,7 @@ class Engine:
             n = len(pairs)
             array = (llama_cpp.llama_adapter_lora_p_ctypes * max(n, 1))(*(h.pointer for h, _ in pairs))
             scales = (ctypes.c_float * max(n, 1))(*(s for _, s in pairs))
-            if (
-                llama_cpp.llama_set_adapters_lora(
-                    self.llm.ctx, array if n else None, n, scales if n else None
-                )
-                != 0
-            ):
+            if llama_cpp.llama_set_adapters_lora(self.llm.ctx, array if n else None, n, scales if n else None) != 0:
                 raise AdapterError("llama.cpp could not activate the adapter set")
             self._active = new_key
             self.switch_count += 1
@@ -300,9 +293,7 @@ class Engine:
         result: Completion,
     ) -> Iterator[str]:
         if len(prompt) + 1 > self.config.n_ctx:
-            raise MacaronError(
-                f"the prompt ({len(prompt)} tokens) does not fit the context ({self.config.n_ctx})"
-            )
+            raise MacaronError(f"the prompt ({len(prompt)} tokens) does not fit the context ({self.config.n_ctx})")
         max_tokens = min(params.max_tokens, self.config.n_ctx - len(prompt))
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         with self._lock:

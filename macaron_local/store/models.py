@@ -1,0 +1,146 @@
+"""The rows the store hands out: plain frozen dataclasses, so front ends never see SQLite."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+FEEDBACK_KINDS = ("correction", "rating", "regenerate")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One node of a conversation tree; `parent_id` is None for a first message (a root)."""
+
+    id: str
+    conversation_id: str
+    parent_id: str | None
+    role: str
+    content: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Turn:
+    """How one assistant message was produced: routing, adapters, sampling and timings."""
+
+    id: str
+    conversation_id: str
+    message_id: str
+    model: str
+    expert: str | None
+    route_method: str | None
+    route_reason: str | None
+    adapters: list[str]
+    sampling: dict[str, Any]
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    ttft_ms: float | None
+    total_ms: float | None
+    finish_reason: str | None
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """A user signal on an assistant message: a correction, a +1/-1 rating, or a regenerate."""
+
+    id: int
+    conversation_id: str
+    message_id: str
+    kind: str
+    value: int | None
+    text: str | None
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A whole conversation: every branch's messages, their turns and feedback, oldest first."""
+
+    id: str
+    title: str | None
+    model: str | None
+    system_prompt: str | None
+    created_at: str
+    updated_at: str
+    current_leaf_id: str | None
+    messages: list[Message] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    feedback: list[Feedback] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    """One line of a conversation listing."""
+
+    id: str
+    title: str | None
+    model: str | None
+    updated_at: str
+    messages: int
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A message matching a search, with a short snippet around the match."""
+
+    conversation_id: str
+    message_id: str
+    role: str
+    snippet: str
+    title: str | None
+    created_at: str
+
+
+@dataclass(frozen=True)
+class FeedbackItem:
+    """A feedback row with what the learner needs: the conversation path up to the message."""
+
+    feedback: Feedback
+    system_prompt: str | None
+    model: str | None
+    path: list[Message]
+
+
+@dataclass(frozen=True)
+class LearningRun:
+    """One nightly learning attempt and which feedback it learned from."""
+
+    id: str
+    started_at: str
+    finished_at: str | None
+    slot: str | None
+    status: str | None
+    decision: str | None
+    reason: str | None
+    feedback_ids: list[int]
+    metrics: dict[str, Any]
+    adapter_version: str | None
+    tainted: bool
+    tainted_reason: str | None
+
+
+@dataclass(frozen=True)
+class ForgetResult:
+    """What `forget` deleted, and which learning runs (and adapter versions) it marked tainted."""
+
+    conversation_id: str
+    messages: int
+    feedback: int
+    tainted_runs: list[str]
+    adapter_versions: list[str]
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import did: conversations added, ids skipped because they already exist, and how
+    many feedback ids had to be renumbered (ids are never reused; learning runs refer to them)."""
+
+    imported: list[str]
+    skipped: list[str]
+    renumbered_feedback: int = 0

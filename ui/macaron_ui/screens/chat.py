@@ -1,0 +1,361 @@
+"""The main screen: conversations on the left, the transcript and the input on the right.
+
+All work that blocks (loading the model, generating, writing feedback) happens in workers or in
+the session; this screen only turns keys into session calls and session results into widgets.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, LoadingIndicator, OptionList, Static
+
+from macaron_local.errors import MacaronError
+from macaron_local.session import Reply, Session, TranscriptItem
+from macaron_ui.screens.modals import EditorScreen, HelpScreen, LearningScreen, PickScreen, TextPromptScreen
+from macaron_ui.widgets.conversations import ConversationList
+from macaron_ui.widgets.message import MessageView
+from macaron_ui.widgets.prompt import PromptInput
+
+WELCOME = (
+    "# macaron\n\nA personal assistant that runs on this computer and learns from your corrections.\n\n"
+    "Type below and press **Enter**. Select a reply (Tab or click) and press **e** to correct it, "
+    "**+**/**-** to rate it, **r** to regenerate. **F1** lists every key; **Ctrl+P** opens the command palette."
+)
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("escape", "cancel", "Stop", show=False),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("f2", "correct", "Correct"),
+        Binding("ctrl+y", "copy_reply", "Copy"),
+        Binding("ctrl+f", "focus_search", "Search"),
+        Binding("ctrl+l", "learning", "Learning"),
+        Binding("f1", "help", "Keys"),
+    ]
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.session = session
+        self.cancel_event = threading.Event()
+        self.generating = False
+        self.turns_shown = 0  # replies finished and redrawn (tests and status watchers wait on it)
+
+    # ----------------------------------------------------------------- layout
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Horizontal():
+            with Vertical(id="sidebar"):
+                yield Input(placeholder="Search all conversations", id="search")
+                yield ConversationList(id="conversations")
+            with Vertical(id="main"):
+                yield VerticalScroll(id="transcript")
+                with Horizontal(id="statusbar"):
+                    yield LoadingIndicator(id="busy")
+                    yield Static("", id="status")
+                yield PromptInput(id="prompt")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.query_one("#transcript", VerticalScroll).anchor()
+        self.query_one("#busy").display = False
+        recent = self.session.list_conversations(limit=1)
+        if recent and self.session.conversation_id is None:
+            self.session.open_conversation(recent[0].id)  # carry on where the user left off
+        await self.show_transcript()
+        self.refresh_conversations()
+        self.query_one(PromptInput).focus()
+        self.load_model()
+
+    # ----------------------------------------------------------------- model
+    def set_status(self, text: str, busy: bool = False) -> None:
+        self.query_one("#status", Static).update(text)
+        self.query_one("#busy").display = busy
+
+    @work(thread=True, exclusive=True, group="model")
+    def load_model(self) -> None:
+        name = self.session.manifest.name
+        self.app.call_from_thread(self.set_status, f"Loading {name}…", True)
+        try:
+            self.session.load() if not self.session.loaded else None
+        except MacaronError as exc:
+            self.app.call_from_thread(self.set_status, f"[red]{exc}[/red]")
+            return
+        self.app.call_from_thread(self.set_status, f"{name} ready · {self.session.manifest.description}")
+
+    # ----------------------------------------------------------------- transcript
+    @property
+    def transcript(self) -> VerticalScroll:
+        return self.query_one("#transcript", VerticalScroll)
+
+    async def show_transcript(self) -> None:
+        await self.transcript.remove_children()
+        items = self.session.transcript()
+        if not items:
+            await self.transcript.mount(MessageView("welcome", WELCOME))
+            return
+        await self.transcript.mount_all(self._view(item) for item in items)
+        self.transcript.scroll_end(animate=False)
+
+    def _view(self, item: TranscriptItem) -> MessageView:
+        view = MessageView(item.role, item.content, item.message_id, item.tag)
+        view.marks = item.marks
+        return view
+
+    def selected(self, role: str = "assistant") -> MessageView | None:
+        """The focused message of that role, else the last one."""
+        focused = self.focused
+        if isinstance(focused, MessageView) and focused.role == role and focused.message_id:
+            return focused
+        views = [v for v in self.query(MessageView) if v.role == role and v.message_id]
+        return views[-1] if views else None
+
+    # ----------------------------------------------------------------- sending
+    @on(Input.Submitted, "#prompt")
+    def send(self, event: Input.Submitted) -> None:
+        text = event.value
+        if not text.strip():
+            return
+        if self.generating:
+            self.notify("Still answering: press Esc to stop it first.", severity="warning")
+            return
+        prompt = self.query_one(PromptInput)
+        prompt.remember(text)
+        prompt.value = ""
+        self.start(lambda cancel: self.session.send(text, cancel=cancel), user_text=text)
+
+    def start(self, begin: Callable[[threading.Event], Reply], user_text: str | None = None) -> None:
+        self.cancel_event = threading.Event()
+        self.generating = True
+        self.run_generation(begin, user_text)
+
+    @work(thread=True, exclusive=True, group="generate")
+    def run_generation(self, begin: Callable[[threading.Event], Reply], user_text: str | None) -> None:
+        call = self.app.call_from_thread
+        view: MessageView | None = None
+        try:
+            self.app.call_from_thread(self.set_status, "Thinking…", True)
+            reply = begin(self.cancel_event)
+            view = call(self._begin_reply, reply, user_text)
+            for chunk in reply:
+                call(view.append, chunk)
+            done = reply.completion
+            decode_s = max((done.total_ms - done.ttft_ms) / 1000, 1e-6)
+            speed = f" · {(len(done.tokens) - 1) / decode_s:.1f} tok/s" if len(done.tokens) > 1 else ""
+            stopped = " · stopped" if done.finish_reason == "cancelled" else ""
+            call(
+                self.set_status,
+                f"{len(done.tokens)} tokens{speed} · first token {done.ttft_ms:.0f} ms{stopped}",
+            )
+        except MacaronError as exc:
+            call(self.set_status, f"[red]{exc}[/red]")
+        finally:
+            self.generating = False
+            if view is not None:
+                call(view.finish)
+            call(self.after_turn)
+
+    async def _begin_reply(self, reply: Reply, user_text: str | None) -> MessageView:
+        welcome = [v for v in self.query(MessageView) if v.role == "welcome"]
+        for view in welcome:
+            await view.remove()
+        if user_text is not None:
+            await self.transcript.mount(MessageView("user", user_text, reply.user_message_id))
+        tag = f"{reply.route.slot} {reply.route.expert_name}" + (
+            f" · {', '.join(reply.adapters)}" if reply.adapters else ""
+        )
+        view = MessageView("assistant", "", None, tag)
+        await self.transcript.mount(view)
+        self.set_status(f"{tag} · {reply.route.reason}", True)
+        return view
+
+    async def after_turn(self) -> None:
+        await self.show_transcript()
+        self.refresh_conversations()
+        self.turns_shown += 1
+
+    def action_cancel(self) -> None:
+        if self.generating:
+            self.cancel_event.set()
+
+    # ----------------------------------------------------------------- feedback
+    @on(MessageView.Action)
+    async def on_message_action(self, event: MessageView.Action) -> None:
+        actions = {
+            "correct": self.action_correct,
+            "rate_up": lambda: self.rate(1),
+            "rate_down": lambda: self.rate(-1),
+            "regenerate": self.action_regenerate,
+            "copy": self.action_copy_reply,
+            "copy_code": self.action_copy_code,
+            "previous_branch": lambda: self.switch_branch(-1),
+            "next_branch": lambda: self.switch_branch(1),
+        }
+        result = actions[event.action]()
+        if hasattr(result, "__await__"):
+            await result
+
+    def action_correct(self) -> None:
+        focused = self.focused
+        if isinstance(focused, MessageView) and focused.role == "user" and focused.message_id:
+            self._edit_user_message(focused)
+            return
+        if self.generating:
+            self.notify("Still answering: wait for the reply (or press Esc), then correct it.")
+            return
+        view = self.selected()
+        if view is None:
+            self.notify("No reply to correct yet.")
+            return
+
+        def save(text: str | None) -> None:
+            if text is not None and text.strip() and text != view.text:
+                self.session.correct(view.message_id, text)
+                self.notify("Correction saved: macaron will learn from it tonight.")
+                self.run_worker(self.after_turn())
+
+        self.app.push_screen(EditorScreen("Correct the reply, then Ctrl+S to save (Esc cancels)", view.text), save)
+
+    def _edit_user_message(self, view: MessageView) -> None:
+        def resend(text: str | None) -> None:
+            if text is not None and text.strip() and text != view.text:
+                message_id = view.message_id
+                self.start(lambda cancel: self.session.edit(message_id, text, cancel=cancel), user_text=None)
+
+        self.app.push_screen(EditorScreen("Edit your message; it starts a new branch (Ctrl+S)", view.text), resend)
+
+    def rate(self, value: int) -> None:
+        view = self.selected()
+        if view is None:
+            return
+        self.session.rate(view.message_id, value)
+        self.notify("Thanks: rated " + ("up" if value > 0 else "down") + ".")
+        self.run_worker(self.after_turn())
+
+    def action_regenerate(self) -> None:
+        view = self.selected()
+        if view is None or self.generating:
+            return
+        message_id = view.message_id
+        self.start(lambda cancel: self.session.regenerate(message_id, cancel=cancel), user_text=None)
+
+    def switch_branch(self, step: int) -> None:
+        focused = self.focused
+        if not isinstance(focused, MessageView) or not focused.message_id:
+            return
+        if self.session.switch_branch(focused.message_id, step):
+            self.run_worker(self.after_turn())
+
+    def action_copy_reply(self) -> None:
+        view = self.selected()
+        if view is not None:
+            self.app.copy_to_clipboard(view.text)
+            self.notify("Reply copied.")
+
+    def action_copy_code(self) -> None:
+        view = self.selected()
+        code = view.first_code_block() if view else None
+        if code is None:
+            self.notify("That reply has no code block.")
+            return
+        self.app.copy_to_clipboard(code)
+        self.notify("Code block copied.")
+
+    # ----------------------------------------------------------------- conversations
+    def refresh_conversations(self) -> None:
+        query = self.query_one("#search", Input).value.strip()
+        listing = self.query_one(ConversationList)
+        if query:
+            listing.show_hits(self.session.search(query))
+        else:
+            listing.show_conversations(self.session.list_conversations())
+
+    @on(Input.Changed, "#search")
+    def on_search(self) -> None:
+        self.refresh_conversations()
+
+    @on(OptionList.OptionSelected, "#conversations")
+    async def open_conversation(self, event: OptionList.OptionSelected) -> None:
+        if self.generating or not event.option.id or event.option.id == "__none__":
+            return
+        self.session.open_conversation(event.option.id)
+        await self.show_transcript()
+        self.query_one(PromptInput).focus()
+
+    async def action_new_chat(self) -> None:
+        if self.generating:
+            return
+        self.session.new_conversation()
+        await self.show_transcript()
+        self.query_one(PromptInput).focus()
+
+    def action_focus_search(self) -> None:
+        self.query_one("#search", Input).focus()
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen())
+
+    def action_learning(self) -> None:
+        self.app.push_screen(LearningScreen(self.session))
+
+    def rename(self) -> None:
+        conversation = self.session.conversation_id
+        if conversation is None:
+            self.notify("Nothing to rename yet.")
+            return
+
+        def done(title: str | None) -> None:
+            if title:
+                self.session.rename(conversation, title)
+                self.refresh_conversations()
+
+        self.app.push_screen(TextPromptScreen("New title for this conversation"), done)
+
+    def export_markdown(self) -> None:
+        if self.session.conversation_id is None:
+            self.notify("Nothing to export yet.")
+            return
+        path = self.session.export_markdown_file(Path.cwd())
+        self.notify(f"Exported to {path}")
+
+    def delete_conversation(self) -> None:
+        conversation = self.session.conversation_id
+        if conversation is None:
+            return
+
+        def done(choice: str | None) -> None:
+            if choice == "delete":
+                result = self.session.forget(conversation)
+                marked = len(result.tainted_runs)
+                self.notify(f"Deleted {result.messages} messages; {marked} learning run(s) marked as using it.")
+                self.run_worker(self.after_turn())
+
+        self.app.push_screen(
+            PickScreen(
+                "Delete this conversation everywhere? Learning runs that used it are marked.",
+                [("delete", "Delete it"), ("keep", "Keep it")],
+            ),
+            done,
+        )
+
+    def switch_model(self) -> None:
+        options = [(m.name, f"{m.name} · {m.description}") for m in self.session.available_models()]
+
+        def done(name: str | None) -> None:
+            if name and name != self.session.manifest.name and not self.generating:
+                self.session.switch_model(name)
+                self.load_model()
+
+        self.app.push_screen(PickScreen("Switch model", options), done)
+
+    def roll_back(self) -> None:
+        self.app.push_screen(LearningScreen(self.session))

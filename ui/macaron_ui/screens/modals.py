@@ -1,0 +1,180 @@
+"""Small modal screens: the correction editor, a text prompt, a picker, help and learning."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Markdown, OptionList, TextArea
+from textual.widgets.option_list import Option
+
+from macaron_local.session import Session
+
+
+class EditorScreen(ModalScreen[str | None]):
+    """A multi-line editor prefilled with the text to correct; Ctrl+S saves, Esc cancels."""
+
+    BINDINGS = [Binding("ctrl+s", "save", "Save"), Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, text: str) -> None:
+        super().__init__()
+        self.title_text = title
+        self.text = text
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield TextArea(self.text, id="editor", soft_wrap=True)
+            yield Label("[dim]Ctrl+S save · Esc cancel[/dim]")
+
+    def on_mount(self) -> None:
+        self.query_one(TextArea).focus()
+
+    def action_save(self) -> None:
+        self.dismiss(self.query_one(TextArea).text)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class TextPromptScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, value: str = "") -> None:
+        super().__init__()
+        self.title_text = title
+        self.value = value
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield Input(self.value, id="answer")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class PickScreen(ModalScreen[str | None]):
+    """Pick one of several options (id, label)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, options: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.title_text = title
+        self.options = options
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield OptionList(*(Option(label, id=key) for key, label in self.options), id="choices")
+
+    def on_mount(self) -> None:
+        self.query_one(OptionList).focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+HELP = """\
+# Keys
+
+| Key | Does |
+| --- | --- |
+| **Enter** | send the message |
+| **Up / Down** (in the input) | walk your earlier messages |
+| **Esc** | stop the reply being generated |
+| **Tab / Shift+Tab** | move between the input, messages and the sidebar |
+| **e** (on a reply) or **F2** | correct the reply: edit it and save with Ctrl+S |
+| **e** (on your message) | edit it: starts a new branch |
+| **+ / -** (on a reply) | rate it good or bad |
+| **r** (on a reply) or **Ctrl+R** | regenerate the reply (the old one is kept) |
+| **[ / ]** (on a message) | previous / next branch |
+| **c** or **Ctrl+Y** | copy the reply |
+| **b** | copy the reply's first code block |
+| **Ctrl+N** | new chat |
+| **Ctrl+F** | search all conversations |
+| **Ctrl+L** | the learning panel |
+| **Ctrl+P** | command palette: rename, export as Markdown, delete, switch model, roll back an expert… |
+| **F1** | this help |
+| **Ctrl+Q** | quit |
+
+Corrections and ratings are stored on this computer only; the nightly learning run turns them
+into a personal adapter for the expert that answered.
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,f1,q", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog wide"):
+            yield Markdown(HELP)
+            yield Button("Close", id="close")
+
+    def on_button_pressed(self) -> None:
+        self.dismiss(None)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class LearningScreen(ModalScreen[None]):
+    """When learning last ran, what it used, the held-out scores, the decision and why."""
+
+    BINDINGS = [Binding("escape", "close", "Close"), Binding("p", "toggle_pause", "Pause/resume")]
+
+    def __init__(self, session: Session) -> None:
+        super().__init__()
+        self.session = session
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog wide"):
+            yield Markdown(self.render_status(), id="learning")
+            yield Button("Pause learning", id="toggle")
+            yield Button("Close", id="close")
+
+    def on_mount(self) -> None:
+        self._update()
+
+    def render_status(self) -> str:
+        status = self.session.learning_status()
+        lines = ["# Learning", ""]
+        lines.append(
+            f"**Learning is {'paused' if status.paused else 'on'}.** "
+            f"{status.pending_feedback} correction(s) and rating(s) wait for the next run."
+        )
+        lines.append("")
+        if not status.runs:
+            lines.append("Learning has not run yet: no adapter versions exist, so there is nothing to roll back.")
+        for run in status.runs:
+            lines.append(
+                f"- **{run.started_at[:16].replace('T', ' ')}** {run.slot or ''}: {run.decision or run.status}"
+                f" · {run.reason or ''}"
+            )
+        return "\n".join(lines)
+
+    def _update(self) -> None:
+        self.query_one("#learning", Markdown).update(self.render_status())
+        paused = self.session.learning_status().paused
+        self.query_one("#toggle", Button).label = "Resume learning" if paused else "Pause learning"
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "toggle":
+            self.action_toggle_pause()
+        else:
+            self.dismiss(None)
+
+    def action_toggle_pause(self) -> None:
+        self.session.set_learning_paused(not self.session.learning_status().paused)
+        self._update()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

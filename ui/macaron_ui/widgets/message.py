@@ -1,0 +1,94 @@
+"""One message in the transcript: a header (who, which expert, feedback marks) and Markdown.
+
+Replies stream in through Textual's MarkdownStream, which batches appends so long replies stay
+fast. The widget is focusable: the focused reply is the one that keys like `e` (correct), `+`/`-`
+(rate) and `c` (copy) act on.
+"""
+
+from __future__ import annotations
+
+import re
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message as TextualMessage
+from textual.widgets import Markdown, Static
+
+CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+
+
+class MessageView(Vertical, can_focus=True):
+    """A user message or a reply, with the tag of the expert that wrote it."""
+
+    BINDINGS = [
+        Binding("e", "act('correct')", "Correct/Edit"),
+        Binding("plus,equals_sign", "act('rate_up')", "Good"),
+        Binding("minus", "act('rate_down')", "Bad"),
+        Binding("r", "act('regenerate')", "Regenerate"),
+        Binding("c", "act('copy')", "Copy"),
+        Binding("b", "act('copy_code')", "Copy code"),
+        Binding("left_square_bracket", "act('previous_branch')", "Prev branch", show=False),
+        Binding("right_square_bracket", "act('next_branch')", "Next branch", show=False),
+    ]
+
+    class Action(TextualMessage):
+        """Asks the screen to act on this message (the screen owns the session)."""
+
+        def __init__(self, view: MessageView, action: str) -> None:
+            super().__init__()
+            self.view = view
+            self.action = action
+
+    def __init__(self, role: str, text: str = "", message_id: str | None = None, tag: str = "") -> None:
+        super().__init__(classes=f"message {role}")
+        self.role = role
+        self.text = text
+        self.message_id = message_id
+        self.tag = tag
+        self.marks: list[str] = []
+        self._stream = None
+
+    def compose(self) -> ComposeResult:
+        if self.role != "welcome":
+            yield Static(self._header(), classes="message-header")
+        yield Markdown(self.text, classes="message-body")
+
+    def _header(self) -> str:
+        who = "You" if self.role == "user" else ("Tool" if self.role == "tool" else "macaron")
+        parts = [f"[b]{who}[/b]"]
+        if self.tag:
+            parts.append(f"[dim]{self.tag}[/dim]")
+        parts.extend(self.marks)
+        return "  ".join(parts)
+
+    def set_tag(self, tag: str) -> None:
+        self.tag = tag
+        self.query_one(".message-header", Static).update(self._header())
+
+    def set_marks(self, marks: list[str]) -> None:
+        self.marks = marks
+        self.query_one(".message-header", Static).update(self._header())
+
+    async def append(self, chunk: str) -> None:
+        """Stream a piece of the reply into the Markdown body."""
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        self.text += chunk
+        await self._stream.write(chunk)
+
+    async def finish(self) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+
+    async def replace_text(self, text: str) -> None:
+        self.text = text
+        await self.query_one(Markdown).update(text)
+
+    def first_code_block(self) -> str | None:
+        match = CODE_BLOCK.search(self.text)
+        return match.group(1) if match else None
+
+    def action_act(self, action: str) -> None:
+        self.post_message(self.Action(self, action))
