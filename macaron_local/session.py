@@ -70,7 +70,7 @@ class TranscriptItem:
     message_id: str
     role: str
     content: str
-    tag: str = ""  # which expert and adapters wrote a reply, or "your correction"
+    tag: str = ""  # which expert and adapters wrote a reply
     marks: list[str] = field(default_factory=list)  # feedback given and branch position
     branch: tuple[int, int] = (1, 1)  # (this sibling's number, how many siblings)
 
@@ -178,10 +178,17 @@ class Session:
     # ----------------------------------------------------------------- conversations
     @property
     def messages(self) -> list[Message]:
-        """The current branch of the open conversation, oldest first."""
-        if self.leaf_id is None:
+        """The current branch of the open conversation, oldest first, as the model will see it:
+        a corrected reply reads as the user's corrected version."""
+        if self.leaf_id is None or self.conversation_id is None:
             return []
-        return [{"role": m.role, "content": m.content} for m in self.store.path(self.leaf_id)]
+        corrected = self._corrections(self.store.get_conversation(self.conversation_id))
+        return [{"role": m.role, "content": corrected.get(m.id, m.content)} for m in self.store.path(self.leaf_id)]
+
+    @staticmethod
+    def _corrections(conversation) -> dict[str, str]:
+        """The latest correction of each corrected reply (feedback rows, oldest first)."""
+        return {f.message_id: f.text for f in conversation.feedback if f.kind == "correction" and f.text}
 
     def new_conversation(self) -> None:
         """Start afresh; the conversation is created in the store with its first message."""
@@ -205,7 +212,7 @@ class Session:
         feedback: dict[str, list] = {}
         for item in conversation.feedback:
             feedback.setdefault(item.message_id, []).append(item)
-        corrected_from = {f.message_id for f in conversation.feedback if f.kind == "correction"}
+        corrected = self._corrections(conversation)
         by_parent: dict[str | None, list[str]] = {}
         for message in conversation.messages:
             by_parent.setdefault(message.parent_id, []).append(message.id)
@@ -217,21 +224,19 @@ class Session:
             ratings = [f.value for f in feedback.get(message.id, []) if f.kind == "rating"]
             if ratings:
                 marks.append("[green]+1[/green]" if ratings[-1] > 0 else "[red]-1[/red]")
-            if message.id in corrected_from:
-                marks.append("[yellow]corrected[/yellow]")
+            if message.id in corrected:
+                marks.append("[yellow]corrected by you[/yellow]")
             if position[1] > 1:
                 marks.append(f"[dim]branch {position[0]}/{position[1]}[/dim]")
             tag = ""
-            if message.role == "assistant":
-                turn = turns.get(message.id)
-                if turn is None:
-                    tag = "your correction"
-                else:
-                    expert = turn.expert or "L0"
-                    tag = f"{expert} {SLOTS.get(expert, '')}".strip()
-                    if turn.adapters:
-                        tag += " · " + ", ".join(turn.adapters)
-            items.append(TranscriptItem(message.id, message.role, message.content, tag, marks, position))
+            turn = turns.get(message.id)
+            if message.role == "assistant" and turn is not None:
+                expert = turn.expert or "L0"
+                tag = f"{expert} {SLOTS.get(expert, '')}".strip()
+                if turn.adapters:
+                    tag += " · " + ", ".join(turn.adapters)
+            content = corrected.get(message.id, message.content)
+            items.append(TranscriptItem(message.id, message.role, content, tag, marks, position))
         return items
 
     def switch_branch(self, message_id: str, step: int) -> bool:
@@ -315,18 +320,16 @@ class Session:
         self.leaf_id = parent.id
         return self._reply_to(parent.id, parent.content, kw.pop("expert", None), **kw)
 
-    def correct(self, message_id: str, text: str) -> str:
-        """Record the user's corrected version of a reply and make it the reply shown and used
-        from now on (a sibling: the original stays in the tree). Returns the new message id."""
+    def correct(self, message_id: str, text: str) -> int:
+        """Record the user's corrected version of a reply. From then on the reply is shown and
+        fed to the model as corrected, while the original stays stored untouched (learning
+        needs both). The conversation's later turns stay where they are. Returns the feedback id."""
         target = self.store.get_message(message_id)
         if target.role != "assistant" or target.parent_id is None:
             raise InvalidInputError("only a reply can be corrected")
         if not text.strip():
             raise InvalidInputError("the corrected reply is empty")
-        corrected = self.store.add_correction(target.id, text)
-        if target.conversation_id == self.conversation_id:
-            self.leaf_id = corrected
-        return corrected
+        return self.store.add_feedback(target.id, "correction", text=text)
 
     def rate(self, message_id: str, value: int, comment: str | None = None) -> int:
         return self.store.add_feedback(message_id, "rating", value=value, text=comment)

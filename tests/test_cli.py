@@ -81,3 +81,9 @@ def test_models_list_add_verify(tmp_path, tiny_model):
 def test_version(tmp_path):
     done = run_cli("--version", home=tmp_path)
     assert done.returncode == 0 and done.stdout.startswith("macaron-local ")
+
+
+def test_ask_records_its_turn_like_the_app(tmp_path):
+    assert run_cli("ask", "--max-tokens", "8", "Say hi.", home=tmp_path).returncode == 0
+    listed = json.loads(run_cli("logs", "list", "--json", home=tmp_path).stdout)
+    assert len(listed) == 1 and listed[0]["messages"] == 2

@@ -9,7 +9,7 @@ import tomli_w
 from conftest import write_random_adapter
 
 from macaron_local.engine import Engine, EngineConfig, GenerationParams
-from macaron_local.errors import ModelError
+from macaron_local.errors import MacaronError, ModelError
 from macaron_local.session import Session
 
 SHORT = GenerationParams(max_tokens=6, temperature=0.0, min_p=0.0)
@@ -120,3 +120,30 @@ def test_follow_up_reuses_the_prompt_cache(home):
         session.send("What is the capital of France?", params=GenerationParams(max_tokens=12)).wait()
         follow = session.send("And of Spain?", params=GenerationParams(max_tokens=12)).wait()
     assert follow.completion.reused_prompt_tokens > 20
+
+
+def test_a_1mb_paste_gets_a_clear_error_and_is_kept(home):
+    with Session(home, engine_config={"n_ctx": 512}) as session:
+        huge = "word " * 200_000  # 1 MB
+        with pytest.raises(MacaronError, match="too long for the model's context"):
+            session.send(huge)
+        conversation = session.store.get_conversation(session.conversation_id)
+        assert [m.content for m in conversation.messages] == [huge]  # nothing lost
+        reply = session.send("Hello?", params=SHORT).wait()  # and the session still works
+        assert reply.message_id is not None
+
+
+def test_correcting_an_earlier_reply_keeps_later_turns_and_feeds_the_model_the_correction(home):
+    with Session(home) as session:
+        first = session.send("Name a colour.", params=GenerationParams(max_tokens=8)).wait()
+        session.send("Name another one.", params=GenerationParams(max_tokens=8)).wait()
+        original = first.text
+        feedback_id = session.correct(first.message_id, "Teal.")
+        assert [m["content"] for m in session.messages][1] == "Teal."
+        assert len(session.messages) == 4  # the later turns stay in view
+        stored = session.store.get_message(first.message_id)
+        assert stored.content == original  # nothing overwritten
+        [item] = [i for i in session.store.feedback_rows() if i.feedback.id == feedback_id]
+        assert (item.feedback.kind, item.feedback.text) == ("correction", "Teal.")
+        with pytest.raises(MacaronError, match="only a reply"):
+            session.correct(session.store.path(first.message_id)[0].id, "nope")

@@ -248,10 +248,9 @@ def test_feedback_kinds_are_recorded_for_the_learner(store: Store) -> None:
     up = store.add_feedback(answer, "rating", 1, "nice")
     down = store.add_feedback(answer, "rating", -1)
     regen = store.add_feedback(answer, "regenerate")
-    corrected = store.add_correction(answer, "Use lst[::-1] or reversed(lst).")
+    store.add_feedback(answer, "correction", text="Use lst[::-1] or reversed(lst).")
     assert up < down < regen
-    assert store.get_message(corrected).parent_id == question
-    assert store.current_path(cid)[-1].id == corrected
+    assert store.current_path(cid)[-1].id == answer  # a correction is feedback: the tree is untouched
     kinds = [(f.kind, f.value, f.text) for f in store.get_conversation(cid).feedback]
     assert kinds == [
         ("rating", 1, "nice"),
@@ -404,7 +403,7 @@ def test_forget_deletes_everything_and_taints_the_runs_that_learned_from_it(stor
     cid, question, answer, _ = chat(store, "secret plans zebra", "zebra reply")
     keep, _, keep_answer, _ = chat(store, "keep this", "kept")
     f1 = store.add_feedback(answer, "rating", -1)
-    f2 = store.add_correction(answer, "better zebra") and store.corrections()[0].feedback.id
+    f2 = store.add_feedback(answer, "correction", text="better zebra")
     f3 = store.add_feedback(keep_answer, "rating", 1)
     tainted = store.record_learning_run(slot="L2", status="done", feedback_ids=[f1, f3], adapter_version="L2-v7")
     also = store.record_learning_run(slot="L0", status="rejected", feedback_ids=[f2])
@@ -412,7 +411,7 @@ def test_forget_deletes_everything_and_taints_the_runs_that_learned_from_it(stor
 
     result = store.forget(cid)
 
-    assert result.conversation_id == cid and result.messages == 3 and result.feedback == 2
+    assert result.conversation_id == cid and result.messages == 2 and result.feedback == 2
     assert result.tainted_runs == [tainted, also]
     assert result.adapter_versions == ["L2-v7"]
     runs = {r.id: r for r in store.learning_runs()}
@@ -435,7 +434,7 @@ def build_rich_store(store: Store) -> None:
     cid, question, answer, _ = chat(store, 'Héllo — 日本語 \u2028 and "quotes"\n\ttabs', "réponse 🙂")
     store.add_reply(cid, question, "second try", {**TURN, "ttft_ms": None, "adapters": []})
     store.add_feedback(answer, "rating", 1, "good")
-    store.add_correction(answer, "corrected\nreply")
+    store.add_feedback(answer, "correction", text="corrected\nreply")
     edited = store.add_message(cid, "user", "edited question", None)
     store.add_message(cid, "tool", '{"result": 42}', edited)
     store.set_current_leaf(cid, answer)

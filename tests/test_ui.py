@@ -84,7 +84,7 @@ async def test_send_streams_a_reply_and_records_the_turn(settings):
 async def test_correct_rate_regenerate_and_search(settings):
     app = MacaronApp(settings)
     async with app.run_test(size=SIZE) as pilot:
-        await send(pilot, app, "Name a colour.")
+        await send(pilot, app, "Name a fruit.")
         store = store_of(app)
         original = replies(app)[-1]
         original_id = original.message_id
@@ -102,19 +102,20 @@ async def test_correct_rate_regenerate_and_search(settings):
         kinds = sorted((f.kind, f.value, f.text) for f in conversation.feedback)
         assert kinds == [("correction", None, "Teal."), ("rating", 1, None)]
         assert all(f.message_id == original_id for f in conversation.feedback)
-        assert replies(app)[-1].tag == "your correction"
-        # The original reply is still in the tree, as a sibling of the correction.
-        assert original_id in {m.id for m in conversation.messages}
+        assert replies(app)[-1].tag.startswith("L0 Chat") and "corrected by you" in " ".join(replies(app)[-1].marks)
+        # The original reply is stored untouched; the model now sees the corrected version.
+        assert [m.content for m in conversation.messages if m.role == "assistant"] != ["Teal."]
+        assert chat(app).session.messages[-1] == {"role": "assistant", "content": "Teal."}
 
         await answered(pilot, app, lambda: pilot.press("ctrl+r"))  # regenerate the (corrected) reply
         conversation = store.get_conversation(conversation.id)
-        assert [m.role for m in conversation.messages].count("assistant") == 3
+        assert [m.role for m in conversation.messages].count("assistant") == 2
         assert any(f.kind == "regenerate" for f in conversation.feedback)
-        assert "branch 3/3" in " ".join(replies(app)[-1].marks)
+        assert "branch 2/2" in " ".join(replies(app)[-1].marks)
 
         search = chat(app).query_one("#search", Input)
         search.focus()
-        await pilot.press(*"colour")
+        await pilot.press(*"fruit")
         await pilot.pause(0.3)
         listing = chat(app).query_one("#conversations")
         assert listing.option_count == 1 and listing.get_option_at_index(0).id == conversation.id
@@ -197,7 +198,7 @@ async def test_app_reopens_the_last_conversation_with_its_correction(settings):
     app = MacaronApp(settings)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: replies(app))
-        assert replies(app)[-1].text == "4" and replies(app)[-1].tag == "your correction"
+        assert replies(app)[-1].text == "4" and "corrected by you" in " ".join(replies(app)[-1].marks)
 
 
 def test_main_screen_snapshot(settings, snap_compare):
@@ -207,3 +208,18 @@ def test_main_screen_snapshot(settings, snap_compare):
         await pilot.pause(0.3)
 
     assert snap_compare(MacaronApp(settings), terminal_size=SIZE, run_before=loaded)
+
+
+async def test_a_1mb_paste_shows_a_clear_error_and_the_app_stays_usable(settings):
+    app = MacaronApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = chat(app)
+        await until(pilot, lambda: screen.session.loaded)
+        screen.query_one(PromptInput).value = "x " * 500_000
+        await answered(pilot, app, lambda: pilot.press("enter"))
+        assert "too long" in str(screen.query_one("#status").render())
+        store = store_of(app)
+        [message] = store.get_conversation(store.list_conversations()[0].id).messages
+        assert len(message.content) == 1_000_000
+        await send(pilot, app, "Hello")
+        assert replies(app)

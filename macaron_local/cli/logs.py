@@ -93,7 +93,6 @@ def render_branch(conversation: Conversation) -> str:
     siblings: dict[str | None, list[str]] = {}
     for m in conversation.messages:
         siblings.setdefault(m.parent_id, []).append(m.id)
-    corrections = {(f.text, by_id[f.message_id].parent_id) for f in conversation.feedback if f.kind == "correction"}
 
     out = io.StringIO()
     out.write(f"{conversation.title or '(untitled)'}\n")
@@ -109,8 +108,6 @@ def render_branch(conversation: Conversation) -> str:
         if turn is not None and turn.expert:
             expert = f"{turn.expert} {SLOTS[turn.expert]}" if turn.expert in SLOTS else turn.expert
             tags.append(f"[{expert}{f' | {turn.route_method}' if turn.route_method else ''}]")
-        elif message.role == "assistant" and (message.content, message.parent_id) in corrections:
-            tags.append("[your correction]")
         notes = []
         for item in feedback.get(message.id, []):
             if item.kind == "rating":
@@ -119,6 +116,7 @@ def render_branch(conversation: Conversation) -> str:
                     notes.append(f"  comment: {item.text}")
             elif item.kind == "correction":
                 tags.append("[corrected]")
+                notes.append(f"  corrected to: {item.text}")
             else:
                 tags.append("[regenerated]")
         alternatives = siblings.get(message.parent_id, [])

@@ -229,19 +229,6 @@ class Store:
                 raise InvalidInputError(f"feedback is for replies; message {message_id} is a {role} message")
             return int(cursor.lastrowid or 0)
 
-    def add_correction(self, message_id: str, text: str) -> str:
-        """The user's corrected version of a reply: a sibling reply holding `text`, made the
-        current leaf, plus a `correction` feedback on the original, in one transaction.
-        Returns the new message's id."""
-        _check_feedback("correction", None, text)
-        with self._writing():
-            original = self._message_row(message_id)
-            if original["role"] != "assistant":
-                raise InvalidInputError(f"only a reply can be corrected; message {message_id} is not one")
-            corrected = self._insert_message(original["conversation_id"], "assistant", text, original["parent_id"])
-            self.add_feedback(message_id, "correction", text=text)
-        return corrected
-
     # ----------------------------------------------------------------- reading the tree
     def get_message(self, message_id: str) -> Message:
         with self._reading():

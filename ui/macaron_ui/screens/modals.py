@@ -15,7 +15,11 @@ from macaron_local.session import Session
 class EditorScreen(ModalScreen[str | None]):
     """A multi-line editor prefilled with the text to correct; Ctrl+S saves, Esc cancels."""
 
-    BINDINGS = [Binding("ctrl+s", "save", "Save"), Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save"),
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+a", "select_all", "Select all", priority=True),
+    ]
 
     def __init__(self, title: str, text: str) -> None:
         super().__init__()
@@ -26,10 +30,13 @@ class EditorScreen(ModalScreen[str | None]):
         with Vertical(classes="dialog wide"):
             yield Label(self.title_text, classes="dialog-title")
             yield TextArea(self.text, id="editor", soft_wrap=True)
-            yield Label("[dim]Ctrl+S save · Esc cancel[/dim]")
+            yield Label("[dim]Ctrl+S save · Ctrl+A select all · Esc cancel[/dim]")
 
     def on_mount(self) -> None:
         self.query_one(TextArea).focus()
+
+    def action_select_all(self) -> None:
+        self.query_one(TextArea).select_all()
 
     def action_save(self) -> None:
         self.dismiss(self.query_one(TextArea).text)

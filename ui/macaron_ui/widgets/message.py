@@ -16,6 +16,14 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Markdown, Static
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+#: Longer messages (a 1 MB paste) are shown truncated; the store keeps the full text.
+DISPLAY_LIMIT = 20_000
+
+
+def displayable(text: str) -> str:
+    if len(text) <= DISPLAY_LIMIT:
+        return text
+    return text[:DISPLAY_LIMIT] + f"\n\n*… {len(text) - DISPLAY_LIMIT:,} more characters, kept in full in the store*"
 
 
 class MessageView(Vertical, can_focus=True):
@@ -52,7 +60,7 @@ class MessageView(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         if self.role != "welcome":
             yield Static(self._header(), classes="message-header")
-        yield Markdown(self.text, classes="message-body")
+        yield Markdown(displayable(self.text), classes="message-body")
 
     def _header(self) -> str:
         who = "You" if self.role == "user" else ("Tool" if self.role == "tool" else "macaron")
@@ -84,7 +92,7 @@ class MessageView(Vertical, can_focus=True):
 
     async def replace_text(self, text: str) -> None:
         self.text = text
-        await self.query_one(Markdown).update(text)
+        await self.query_one(Markdown).update(displayable(text))
 
     def first_code_block(self) -> str | None:
         match = CODE_BLOCK.search(self.text)
