@@ -8,12 +8,15 @@ store is reported when it is opened rather than when the user's first correction
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sqlite3
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
+from filelock import FileLock, Timeout
 from sqlite_utils import Database
 
 from macaron_local.store.errors import StoreError, sqlite_errors
@@ -35,14 +38,41 @@ def connect(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Da
         )
         try:
             db = Database(conn, execute_plugins=False)
-            _configure(db, busy_timeout_ms)
-            migrate(db)
-            _probe_writable(db)
+            with _opening_lock(path, busy_timeout_ms):
+                _configure(db, busy_timeout_ms)
+                migrate(db)
+                _probe_writable(db)
         except BaseException:
             conn.close()
             raise
     tighten_sidecars(path)
     return db
+
+
+@contextlib.contextmanager
+def _opening_lock(path: Path, busy_timeout_ms: int) -> Iterator[None]:
+    """Serialise the opening sequence between programs (and threads) opening the same store.
+
+    Switching a new database to WAL needs an exclusive lock, and SQLite answers "busy" at once,
+    without waiting, when two connections would otherwise deadlock upgrading their locks; two
+    programs creating the store together (the app and the daemon) hit exactly that. A lock file
+    beside the database makes them take turns. Where it cannot be created (a read-only folder)
+    we go on without it: the store's own checks then report the real problem.
+    """
+    lock = FileLock(str(path) + ".lock", timeout=busy_timeout_ms / 1000, mode=0o600)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise StoreError(
+            f"the store {path} is being opened by another program that did not finish in time; try again"
+        ) from None
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _prepare_file(path: Path) -> None:
