@@ -209,6 +209,10 @@ class Engine:
         """The active set as (adapter key, scale) pairs."""
         return self._active
 
+    def active_handles(self) -> list[tuple[AdapterHandle, float]]:
+        """The active set as handles and scales (to restore it after a temporary switch)."""
+        return [(self._adapters[key], scale) for key, scale in self._active]
+
     def set_adapters(self, adapters: Sequence[AdapterHandle | tuple[AdapterHandle, float]]) -> bool:
         """Make exactly `adapters` active. Returns True when the set changed (and the KV cache
         was reset or restored), False when it was already active."""

@@ -1,0 +1,69 @@
+"""What every trainer backend offers, and the padded batch they all consume.
+
+The shape follows Tinker's trainer API: score a batch (with or without the LoRA), take a step
+on a loss, export the weights for the sampler. Token ids come from the engine's own chat
+template and tokenizer, so the trainer scores exactly the sequence llama.cpp generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Right-padded token ids; `mask` is 1 on completion tokens (the ones that are scored)."""
+
+    input_ids: list[list[int]]  # (B, T): prompt + completion, padded
+    targets: list[list[int]]  # (B, T): input_ids shifted left by one (next token), padded
+    mask: list[list[float]]  # (B, T): 1.0 where targets[b][t] is a completion token
+
+    @property
+    def size(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(sum(sum(row) for row in self.mask))
+
+
+def make_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int = 0) -> Batch:
+    """Pack (prompt, completion) pairs so position t predicts token t+1; only completion
+    tokens count in the loss."""
+    sequences = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
+    width = max(len(s) for s in sequences) - 1
+    input_ids, targets, mask = [], [], []
+    for prompt, sequence in zip(prompts, sequences, strict=True):
+        row_in = sequence[:-1]
+        row_target = sequence[1:]
+        row_mask = [1.0 if t >= len(prompt) - 1 else 0.0 for t in range(len(row_in))]
+        pad = width - len(row_in)
+        input_ids.append(row_in + [pad_id] * pad)
+        targets.append(row_target + [pad_id] * pad)
+        mask.append(row_mask + [0.0] * pad)
+    return Batch(input_ids, targets, mask)
+
+
+class TrainerBackend(Protocol):
+    name: str
+
+    def load(self, base_gguf: Path, checkpoint: str | None = None) -> None:
+        """Load the base model: from the GGUF the engine runs, or a checkpoint the manifest names."""
+
+    def add_lora(self, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> None:
+        """Wrap every linear layer (attention and MLP) with a LoRA whose B starts at zero."""
+
+    def logprobs(self, batch: Batch) -> Any:
+        """Per-token log-probabilities (B, T) of `batch.targets` under base + LoRA, with gradients."""
+
+    def reference_logprobs(self, batch: Batch) -> Any:
+        """The same under the base alone (LoRA scale 0): the KL reference, no gradients."""
+
+    def step(self, loss: Any) -> float:
+        """Backpropagate `loss`, clip, take an optimizer step; returns the gradient norm."""
+
+    def save_peft(self, directory: Path) -> Path:
+        """Write the LoRA as a PEFT directory (adapter_config.json + adapter_model.safetensors)."""

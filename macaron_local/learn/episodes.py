@@ -1,0 +1,100 @@
+"""Episodes: what the learner trains on, read from the experience store.
+
+One episode per rated reply: the prompt the model answered (as the chat now shows and feeds it)
+and what the user said about the reply. A correction is the strongest signal (chosen = the
+edit, rejected = the original), a rating is a one-sided label (KTO-style: +1 chosen, -1
+rejected), a regenerate is a weak negative. All feedback on one reply folds into one episode,
+so a reply rated and then corrected is not learned from twice with conflicting labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from macaron_local.store import Conversation, Feedback, FeedbackItem, Store
+
+DEFAULT_SLOT = "L0"
+#: A regenerate only says "not this one" and may just be a wish for variety: half a -1 rating.
+REGENERATE_WEIGHT = 0.5
+
+
+@dataclass
+class Episode:
+    """A prompt and the user's verdict on the reply the `slot` expert gave to it.
+
+    `messages` are the chat messages up to the one the reply answered (usually the user's
+    turn), system prompt first; `chosen`/`rejected` are replies to it, either may be None (not
+    both). `feedback_ids` lists every feedback row folded in, so a learning run can record them
+    and `forget` can find the run later.
+    """
+
+    messages: list[dict[str, str]]
+    chosen: str | None
+    rejected: str | None
+    slot: str = DEFAULT_SLOT
+    feedback_ids: list[int] = field(default_factory=list)
+    weight: float = 1.0
+    conversation_id: str = ""
+    message_id: str = ""
+
+
+def episodes_from_store(store: Store, since_id: int = 0) -> list[Episode]:
+    """Episodes for every reply with feedback newer than `since_id`, oldest new feedback first.
+
+    A reply with new feedback is rebuilt from *all* its feedback, old rows included: the latest
+    correction wins even when it was learned from before, and a new rating does not undo it.
+    """
+    items = store.feedback_rows(since_id)
+    conversations: dict[str, Conversation] = {}
+    by_reply: dict[str, FeedbackItem] = {}  # reply id -> its first new row (it carries the path)
+    for item in items:
+        by_reply.setdefault(item.feedback.message_id, item)
+    episodes = []
+    for item in by_reply.values():
+        cid = item.feedback.conversation_id
+        if cid not in conversations:
+            conversations[cid] = store.get_conversation(cid)
+        episodes.append(_episode(item, conversations[cid]))
+    return episodes
+
+
+def _episode(item: FeedbackItem, conversation: Conversation) -> Episode:
+    reply = item.path[-1]
+    rows = [f for f in conversation.feedback if f.message_id == reply.id]  # oldest first
+    chosen, rejected, weight = _verdict(rows, reply.content)
+    corrected = latest_corrections(conversation.feedback)
+    messages = [{"role": m.role, "content": corrected.get(m.id, m.content)} for m in item.path[:-1]]
+    if item.system_prompt:
+        messages.insert(0, {"role": "system", "content": item.system_prompt})
+    experts = {t.message_id: t.expert for t in conversation.turns}
+    return Episode(
+        messages=messages,
+        chosen=chosen,
+        rejected=rejected,
+        slot=experts.get(reply.id) or DEFAULT_SLOT,
+        feedback_ids=[f.id for f in rows],
+        weight=weight,
+        conversation_id=conversation.id,
+        message_id=reply.id,
+    )
+
+
+def _verdict(rows: list[Feedback], reply: str) -> tuple[str | None, str | None, float]:
+    """(chosen, rejected, weight) from one reply's feedback: the latest correction, else the
+    latest rating, else a regenerate."""
+    corrections = [f.text for f in rows if f.kind == "correction" and f.text]
+    if corrections:
+        if corrections[-1] == reply:  # saved unchanged: an endorsement, not a pair
+            return reply, None, 1.0
+        return corrections[-1], reply, 1.0
+    ratings = [f.value for f in rows if f.kind == "rating"]
+    if ratings:
+        return (reply, None, 1.0) if ratings[-1] > 0 else (None, reply, 1.0)
+    return None, reply, REGENERATE_WEIGHT
+
+
+def latest_corrections(feedback: Iterable[Feedback]) -> dict[str, str]:
+    """message id -> its latest corrected text: the overlay the chat applies before it shows a
+    conversation or feeds it to the model (`Session._corrections`), so prompts match."""
+    return {f.message_id: f.text for f in feedback if f.kind == "correction" and f.text}

@@ -1,0 +1,86 @@
+"""Rewards for sampled replies: how close a sample comes to what the user wanted.
+
+A correction says what the user wanted, so a sample earns reward for resembling the correction
+and loses it for resembling the reply the user rejected. Similarities are pure-Python string
+measures (no model: a learned judge could be gamed by the policy it grades). Checkable rules of
+a scenario ("answers in French", "no emoji") are regular expressions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+CHRF_ORDER = 6
+CHRF_BETA = 2.0
+_REGEX_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "a": re.ASCII}
+
+
+def _f_score(precision: float, recall: float, beta: float = 1.0) -> float:
+    """F_beta = (1 + beta^2) P R / (beta^2 P + R); 0 when both are 0."""
+    denominator = beta * beta * precision + recall
+    return (1 + beta * beta) * precision * recall / denominator if denominator > 0 else 0.0
+
+
+def token_f1(a: str, b: str) -> float:
+    """Bag-of-words F1 between `a` and `b` (lowercased \\w+ tokens, repeats counted, as in SQuAD):
+    overlap = |bag(a) & bag(b)|, P = overlap / |a|, R = overlap / |b|. Two empty texts: 1."""
+    ta, tb = Counter(re.findall(r"\w+", a.lower())), Counter(re.findall(r"\w+", b.lower()))
+    if not ta or not tb:
+        return float(ta == tb)
+    overlap = sum((ta & tb).values())
+    return _f_score(overlap / sum(ta.values()), overlap / sum(tb.values()))
+
+
+def chrf(hypothesis: str, reference: str, order: int = CHRF_ORDER, beta: float = CHRF_BETA) -> float:
+    """chrF (Popović 2015), in [0, 1]: character n-gram F-score, n = 1..order, whitespace removed.
+
+        P_n, R_n = matched n-grams / n-grams of the hypothesis, of the reference
+        chrP, chrR = mean of P_n, R_n over the orders either text is long enough for
+        chrF = (1 + beta^2) chrP chrR / (beta^2 chrP + chrR)
+
+    beta = 2 weighs recall twice as much as precision: saying what the user wanted counts more
+    than saying only that. Characters rather than words give partial credit for inflections
+    and typos. Identical texts score 1; two empty texts score 1.
+    """
+    hyp, ref = "".join(hypothesis.split()), "".join(reference.split())
+    if not hyp or not ref:
+        return float(hyp == ref)
+    precisions, recalls = [], []
+    for n in range(1, order + 1):
+        h = Counter(hyp[i : i + n] for i in range(len(hyp) - n + 1))
+        r = Counter(ref[i : i + n] for i in range(len(ref) - n + 1))
+        if not h and not r:
+            break
+        matched = sum((h & r).values())
+        precisions.append(matched / sum(h.values()) if h else 0.0)
+        recalls.append(matched / sum(r.values()) if r else 0.0)
+    return _f_score(sum(precisions) / len(precisions), sum(recalls) / len(recalls), beta)
+
+
+def preference_reward(sample: str, chosen: str | None, rejected: str | None) -> float:
+    """chrF(sample, chosen) - chrF(sample, rejected), in [-1, 1].
+
+    With only one side (a rating), only that side counts: chrF to a liked reply, or minus chrF
+    to a disliked one. The offset this leaves does not matter: GRPO compares samples of one
+    prompt with each other (`group_advantages`).
+    """
+    if chosen is None and rejected is None:
+        raise ValueError("a preference reward needs a chosen or a rejected reply")
+    toward = chrf(sample, chosen) if chosen is not None else 0.0
+    away = chrf(sample, rejected) if rejected is not None else 0.0
+    return toward - away
+
+
+def regex_reward(sample: str, pattern: str, flags: str = "") -> float:
+    """1.0 when `pattern` matches anywhere in `sample` (re.search), else 0.0.
+
+    `flags` are letters, as in `(?ims)`: i ignore case, m multiline, s dot matches newline,
+    x verbose, a ASCII.
+    """
+    value = 0
+    for letter in flags:
+        if letter not in _REGEX_FLAGS:
+            raise ValueError(f"unknown regex flag {letter!r}; use some of {''.join(_REGEX_FLAGS)}")
+        value |= _REGEX_FLAGS[letter]
+    return 1.0 if re.search(pattern, sample, value) else 0.0
