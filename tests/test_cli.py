@@ -87,3 +87,30 @@ def test_ask_records_its_turn_like_the_app(tmp_path):
     assert run_cli("ask", "--max-tokens", "8", "Say hi.", home=tmp_path).returncode == 0
     listed = json.loads(run_cli("logs", "list", "--json", home=tmp_path).stdout)
     assert len(listed) == 1 and listed[0]["messages"] == 2
+
+
+def test_learn_dry_run_lists_the_episodes(tmp_path):
+    from macaron_local.settings import Settings
+    from macaron_local.store import open_default_store
+
+    with open_default_store(Settings.load(tmp_path)) as store:
+        conversation = store.new_conversation("embedded", "Be brief.")
+        question = store.add_message(conversation, "user", "How do I boil an egg?")
+        reply, _ = store.add_reply(conversation, question, "Boil it.", {"model": "embedded", "expert": "L0"})
+        store.add_feedback(reply, "correction", text="TL;DR: simmer it for 8 minutes.")
+    listed = json.loads(run_cli("learn", "--dry-run", "--json", home=tmp_path).stdout)
+    assert listed == [
+        {
+            "slot": "L0",
+            "prompt": "How do I boil an egg?",
+            "chosen": "TL;DR: simmer it for 8 minutes.",
+            "rejected": "Boil it.",
+            "weight": 1.0,
+            "feedback_ids": [1],
+            "conversation_id": conversation,
+        }
+    ]
+    text = run_cli("learn", "--dry-run", home=tmp_path)
+    assert "1 episode(s) would be used (L0: 1)" in text.stdout
+    refused = run_cli("learn", home=tmp_path)
+    assert refused.returncode == 1 and "not available yet" in refused.stderr

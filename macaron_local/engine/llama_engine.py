@@ -76,6 +76,7 @@ class Completion:
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0
     finish_reason: str = ""  # "stop", "length" or "cancelled"
+    stop_token: int | None = None  # the end-of-generation token that ended a "stop" reply
     ttft_ms: float = 0.0
     total_ms: float = 0.0
     adapters: tuple[str, ...] = ()
@@ -204,6 +205,15 @@ class Engine:
             self._adapters[key] = handle
             return handle
 
+    def unload_adapter(self, handle: AdapterHandle) -> None:
+        """Free an adapter that is no longer needed (a learning run's stale rollout adapters)."""
+        with self._lock:
+            if any(key == handle.key for key, _ in self._active):
+                raise AdapterError(f"adapter {handle.path} is active; switch away from it first")
+            if self._adapters.pop(handle.key, None) is not None:
+                self._states = OrderedDict((k, v) for k, v in self._states.items() if handle.key not in dict(k))
+                llama_cpp.llama_adapter_lora_free(handle.pointer)
+
     @property
     def active(self) -> tuple[tuple[str, float], ...]:
         """The active set as (adapter key, scale) pairs."""
@@ -322,6 +332,7 @@ class Engine:
                         break
                     if self.is_end_of_generation(token):
                         result.finish_reason = "stop"
+                        result.stop_token = token
                         break
                     result.tokens.append(token)
                     piece = decoder.decode(self.llm.detokenize([token]))

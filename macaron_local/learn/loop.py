@@ -1,0 +1,183 @@
+"""One learning run's inner loop: on-policy GRPO with the user's correction in every group.
+
+Each step, for a few episodes:
+1. rollouts: `group_size` replies sampled by the engine (llama.cpp, the same quantized model
+   the user runs) under the adapter being trained, re-exported every `refresh_every` steps;
+2. the correction joins the group as one more member (off-policy): what the model would never
+   sample (a personal fact, a house style) can still win the group;
+3. rewards: how much closer each member is to the correction than to the rejected reply;
+4. loss = clipped policy gradient with group-normalised advantages and truncated importance
+   weights against the sampler's log-probabilities + beta * KL to the base (LoRA off)
+   + sft_weight * NLL of the corrections.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from macaron_local.adapters.validate import BaseModelInfo
+from macaron_local.engine import AdapterHandle, Engine, GenerationParams
+from macaron_local.learn.backends.base import TrainerBackend, make_batch
+from macaron_local.learn.episodes import Episode
+from macaron_local.learn.export import export_gguf
+from macaron_local.learn.rewards import preference_reward
+
+RewardFn = Callable[[str, Episode], float]
+
+
+@dataclass
+class LearnConfig:
+    rank: int = 8
+    alpha: float = 16.0
+    lr: float = 5e-4
+    steps: int = 24
+    episodes_per_step: int = 2
+    group_size: int = 2
+    max_new_tokens: int = 48
+    temperature: float = 0.9
+    kl_beta: float = 0.1
+    sft_weight: float = 1.0
+    clip_eps: float = 0.2
+    is_cap: float = 2.0
+    refresh_every: int = 6
+    seed: int = 0
+
+
+@dataclass
+class StepLog:
+    step: int
+    loss: float
+    policy: float
+    kl: float
+    sft: float
+    reward_mean: float
+    trainer_tokens: int
+    seconds: float
+
+
+@dataclass
+class TrainResult:
+    steps: list[StepLog] = field(default_factory=list)
+    trainer_tokens: int = 0
+    trainer_seconds: float = 0.0
+    rollout_seconds: float = 0.0
+
+    @property
+    def trainer_tokens_per_s(self) -> float:
+        return self.trainer_tokens / self.trainer_seconds if self.trainer_seconds else 0.0
+
+
+def default_reward(text: str, episode: Episode) -> float:
+    return preference_reward(text, episode.chosen, episode.rejected)
+
+
+def completion_tokens(engine: Engine, messages: Sequence[dict[str, str]], reply: str) -> tuple[list[int], list[int]]:
+    """(prompt, completion) exactly as the chat template renders them, end-of-turn included, so
+    the trainer learns to stop where the user's reply stops."""
+    prompt = engine.render_tokens(messages)
+    full = engine.render_tokens([*messages, {"role": "assistant", "content": reply}], add_generation_prompt=False)
+    if full[: len(prompt)] != prompt:  # a template that rewrites earlier turns: fall back to plain text
+        return prompt, engine.tokenize(reply)
+    return prompt, full[len(prompt) :]
+
+
+def train(
+    backend: TrainerBackend,
+    engine: Engine,
+    base: BaseModelInfo,
+    episodes: Sequence[Episode],
+    config: LearnConfig,
+    workdir: Path,
+    *,
+    reward: RewardFn = default_reward,
+    frozen: Sequence[AdapterHandle] = (),
+    on_step: Callable[[StepLog], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> TrainResult:
+    """Train the backend's LoRA on `episodes`; the engine samples under `frozen` (the expert)
+    plus the current rollout adapter."""
+    from macaron_local.learn import losses
+
+    torch = backend.torch  # type: ignore[attr-defined]
+    rng = random.Random(config.seed)
+    usable = [e for e in episodes if e.chosen]
+    if not usable:
+        raise ValueError("learning needs at least one episode with a chosen reply (a correction or an up-vote)")
+    result = TrainResult()
+    rollout: AdapterHandle | None = None
+    for step in range(config.steps):
+        if should_stop():
+            break
+        started = time.perf_counter()
+        if step and step % config.refresh_every == 0:
+            path = export_gguf(backend, base, workdir / f"rollout-{step}.gguf")
+            engine.set_adapters(list(frozen))
+            if rollout is not None:
+                engine.unload_adapter(rollout)
+            rollout = engine.load_adapter(path)
+        engine.set_adapters([*frozen, *([rollout] if rollout else [])])
+
+        prompts, completions, sampler, rewards, is_correction = [], [], [], [], []
+        for episode in (rng.choice(usable) for _ in range(config.episodes_per_step)):
+            prompt, chosen = completion_tokens(engine, episode.messages, episode.chosen or "")
+            group = []
+            for g in range(config.group_size):
+                params = GenerationParams(
+                    max_tokens=config.max_new_tokens,
+                    temperature=config.temperature,
+                    seed=config.seed * 7919 + step * 31 + g,
+                )
+                done = engine.generate(prompt, params)
+                tokens = done.tokens + ([done.stop_token] if done.stop_token is not None else [])
+                group.append((tokens, done.text))
+            group.append((chosen, episode.chosen or ""))
+            for tokens, text in group:
+                prompts.append(prompt)
+                completions.append(tokens)
+                sampler.append(engine.token_logprobs(prompt, tokens).tolist())
+                is_correction.append(text == episode.chosen and tokens is chosen)
+            rewards.append([reward(text, episode) for _, text in group])
+        result.rollout_seconds += time.perf_counter() - started
+
+        trained = time.perf_counter()
+        batch = make_batch(prompts, completions)
+        mask = backend.mask(batch)
+        logp = backend.logprobs(batch)
+        reference = backend.reference_logprobs(batch)
+        sampler_logp = torch.zeros_like(logp)
+        for row, values in enumerate(sampler):
+            positions = mask[row].nonzero().flatten()[: len(values)]
+            sampler_logp[row, positions] = torch.tensor(values, dtype=logp.dtype)
+        advantages = losses.group_advantages(torch.tensor(rewards, dtype=logp.dtype)).flatten()
+        policy = losses.policy_gradient_loss(
+            logp, logp.detach(), advantages, mask, config.clip_eps, sampler_logp=sampler_logp, is_cap=config.is_cap
+        )
+        kl = losses.kl_to_reference(logp, reference, mask)
+        correction_rows = torch.tensor(is_correction)
+        sft = losses.sft_loss(logp[correction_rows], mask[correction_rows])
+        loss = policy + config.kl_beta * kl + config.sft_weight * sft
+        backend.step(loss)
+        tokens = int(mask.sum())
+        result.trainer_seconds += time.perf_counter() - trained
+        result.trainer_tokens += tokens
+        log = StepLog(
+            step=step,
+            loss=float(loss),
+            policy=float(policy),
+            kl=float(kl),
+            sft=float(sft),
+            reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
+            trainer_tokens=tokens,
+            seconds=time.perf_counter() - started,
+        )
+        result.steps.append(log)
+        if on_step is not None:
+            on_step(log)
+    engine.set_adapters(list(frozen))
+    if rollout is not None:
+        engine.unload_adapter(rollout)
+    return result

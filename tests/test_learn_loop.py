@@ -1,0 +1,70 @@
+"""The learning loop end to end on a tiny real model: the engine samples, the corrections join
+each group, the trainer steps, rollout adapters are exported and swapped, and the policy moves
+toward the corrections while staying close to the base."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from tinymodels import TinyConfig, build_tiny_model  # noqa: E402
+
+from macaron_local.adapters import BaseModelInfo  # noqa: E402
+from macaron_local.engine import Engine, EngineConfig  # noqa: E402
+from macaron_local.learn.backends.base import make_batch  # noqa: E402
+from macaron_local.learn.backends.torch_backend import TorchBackend  # noqa: E402
+from macaron_local.learn.episodes import Episode  # noqa: E402
+from macaron_local.learn.loop import LearnConfig, completion_tokens, train  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("loop") / "llama.gguf", TinyConfig(arch="llama", n_ctx_train=512))
+
+
+def test_train_moves_toward_corrections_and_cleans_up(tiny, tmp_path):
+    episodes = [
+        Episode(messages=[{"role": "user", "content": "ab"}], chosen="ba ba", rejected="ab ab"),
+        Episode(messages=[{"role": "user", "content": "cd"}], chosen="dc dc", rejected="cd cd"),
+    ]
+    backend = TorchBackend(lr=2e-2, threads=2)
+    backend.load(tiny.path)
+    backend.add_lora(rank=4, alpha=8.0)
+    base = BaseModelInfo.from_gguf(tiny.path)
+    with Engine(EngineConfig(model_path=tiny.path, n_ctx=256, n_threads=2)) as engine:
+        pairs = [completion_tokens(engine, e.messages, e.chosen) for e in episodes]
+        batch = make_batch([p for p, _ in pairs], [c for _, c in pairs])
+        mask = np.asarray(batch.mask) > 0
+
+        def chosen_logprob() -> float:
+            return float(backend.logprobs(batch).detach().numpy()[mask].sum())
+
+        before = chosen_logprob()
+        logs = []
+        config = LearnConfig(steps=8, episodes_per_step=2, group_size=2, max_new_tokens=6, refresh_every=3, lr=2e-2)
+        result = train(backend, engine, base, episodes, config, tmp_path, on_step=logs.append)
+        assert len(result.steps) == 8 and result.trainer_tokens > 0 and result.trainer_tokens_per_s > 0
+        assert chosen_logprob() > before + 1.0
+        assert all(np.isfinite([log.loss, log.kl]).all() for log in logs)
+        assert engine.active == ()  # rollout adapters are switched off and freed
+        assert sorted(p.name for p in tmp_path.glob("rollout-*.gguf")) == ["rollout-3.gguf", "rollout-6.gguf"]
+    # the chat template's end-of-turn is part of what is learned
+    assert pairs[0][1][-1] != pairs[0][1][0]
+
+
+def test_train_refuses_episodes_without_a_chosen_reply(tiny, tmp_path):
+    backend = TorchBackend(threads=2)
+    backend.load(tiny.path)
+    backend.add_lora(rank=2)
+    with Engine(EngineConfig(model_path=tiny.path, n_ctx=128)) as engine, pytest.raises(ValueError, match="chosen"):
+        train(
+            backend,
+            engine,
+            BaseModelInfo.from_gguf(tiny.path),
+            [Episode([{"role": "user", "content": "x"}], None, "y")],
+            LearnConfig(steps=1),
+            tmp_path,
+        )

@@ -1,0 +1,95 @@
+"""Reward functions on hand-checked strings: token F1, chrF, the preference reward, regex checks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from macaron_local.learn.rewards import chrf, preference_reward, regex_reward, token_f1
+
+
+# ----------------------------------------------------------------- token_f1
+def test_token_f1_counts_repeats_ignores_case_and_punctuation() -> None:
+    # bags {the, cat, sat} and {the x2, cat}: overlap 2, P = R = 2/3
+    assert token_f1("The cat sat", "the cat the") == pytest.approx(2 / 3)
+    assert token_f1("Hello, world!", "hello world") == 1.0
+    assert token_f1("a b", "c d") == 0.0
+    # overlap 1, P = 1/1, R = 1/4: F1 = 2 * 1 * 0.25 / 1.25
+    assert token_f1("yes", "yes it is so") == pytest.approx(0.4)
+
+
+def test_token_f1_of_empty_texts() -> None:
+    assert token_f1("", "") == 1.0
+    assert token_f1("", "something") == 0.0 and token_f1("!!", "something") == 0.0
+
+
+# ----------------------------------------------------------------- chrf
+def test_chrf_exact_value_by_hand() -> None:
+    # "ab" vs "abc": n=1 P 2/2 R 2/3; n=2 P 1/1 R 1/2; n=3 P 0 (no trigram) R 0/1; n>=4 neither has any.
+    # chrP = 2/3, chrR = 7/18, chrF2 = 5 chrP chrR / (4 chrP + chrR) = 14/33
+    assert chrf("ab", "abc") == pytest.approx(14 / 33)
+
+
+def test_chrf_identical_disjoint_whitespace_and_empty() -> None:
+    assert chrf("Use xs[::-1] to reverse.", "Use xs[::-1] to reverse.") == pytest.approx(1.0)
+    assert chrf("abc", "xyz") == 0.0
+    assert chrf("a b\n c", "abc") == pytest.approx(1.0)  # whitespace is removed, as in sacreBLEU's chrF
+    assert chrf("", "") == 1.0 and chrf("", "abc") == 0.0 and chrf(" ", "abc") == 0.0
+
+
+def test_chrf_weighs_recall_over_precision() -> None:
+    reference = "the meeting is on tuesday"
+    says_all_and_more = "the meeting is on tuesday at noon in room four"
+    says_half = "the meeting"
+    assert chrf(says_all_and_more, reference) > chrf(says_half, reference)
+    assert 0.0 < chrf(says_half, reference) < 1.0
+
+
+def test_chrf_gives_partial_credit_for_a_typo() -> None:
+    assert chrf("recieve the parcel", "receive the parcel") > 0.7
+    assert token_f1("recieve the parcel", "receive the parcel") == pytest.approx(2 / 3)
+
+
+# ----------------------------------------------------------------- preference_reward
+def test_preference_reward_extremes() -> None:
+    assert preference_reward("abc", chosen="abc", rejected="xyz") == pytest.approx(1.0)
+    assert preference_reward("xyz", chosen="abc", rejected="xyz") == pytest.approx(-1.0)
+    assert preference_reward("abc", chosen="abc", rejected="abc") == 0.0
+
+
+def test_preference_reward_moves_toward_the_correction() -> None:
+    chosen, rejected = "Your name is Ada.", "I don't know your name."
+    near_chosen = "Your name is Ada!"
+    near_rejected = "I do not know your name."
+    assert preference_reward(near_chosen, chosen, rejected) > 0 > preference_reward(near_rejected, chosen, rejected)
+
+
+def test_preference_reward_with_one_side_uses_only_that_side() -> None:
+    assert preference_reward("Paris.", "Paris.", None) == pytest.approx(1.0)
+    assert preference_reward("Paris.", None, "Paris.") == pytest.approx(-1.0)
+    assert preference_reward("Lyon", "Paris.", None) == pytest.approx(chrf("Lyon", "Paris."))
+    assert preference_reward("Lyon", None, "Paris.") == pytest.approx(-chrf("Lyon", "Paris."))
+    with pytest.raises(ValueError):
+        preference_reward("x", None, None)
+
+
+def test_preference_reward_stays_in_range_on_random_text() -> None:
+    rng = random.Random(0)
+
+    def text() -> str:
+        return "".join(rng.choice("ab c") for _ in range(rng.randint(0, 12)))
+
+    for _ in range(300):
+        chosen, rejected = rng.choice([text(), None]), text()
+        assert -1.0 <= preference_reward(text(), chosen, rejected) <= 1.0
+
+
+# ----------------------------------------------------------------- regex_reward
+def test_regex_reward_searches_anywhere_with_flags() -> None:
+    assert regex_reward("Bonjour, ça va ?", r"\bbonjour\b", flags="i") == 1.0
+    assert regex_reward("Bonjour, ça va ?", r"\bbonjour\b") == 0.0
+    assert regex_reward("line one\nend", r"^end$", flags="m") == 1.0
+    assert regex_reward("no emoji here", r"[\U0001F600-\U0001F64F]") == 0.0
+    with pytest.raises(ValueError, match="unknown regex flag"):
+        regex_reward("x", "x", flags="q")
