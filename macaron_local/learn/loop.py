@@ -166,10 +166,10 @@ def train(
         result.trainer_tokens += tokens
         log = StepLog(
             step=step,
-            loss=float(loss),
-            policy=float(policy),
-            kl=float(kl),
-            sft=float(sft),
+            loss=float(loss.detach()),
+            policy=float(policy.detach()),
+            kl=float(kl.detach()),
+            sft=float(sft.detach()),
             reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
             trainer_tokens=tokens,
             seconds=time.perf_counter() - started,

@@ -1,0 +1,220 @@
+"""Learning benchmark: does the model move toward a simulated user's corrections without
+forgetting, compared with the usual approaches measured in the same run?
+
+For a scenario file (name, check {type: regex, pattern, flags}, train [{prompt, correction}],
+heldout [prompt]):
+1. seed a fresh store (MACARON_HOME in a temp dir) with chats whose replies the model generated
+   and the user corrected as the scenario says;
+2. run the learning loop (GRPO with engine rollouts + the correction in each group + KL + SFT);
+3. score held-out prompts (greedy replies through the engine pass the scenario's check) and the
+   regression set (passage NLL without the chat template, factual QA), before and after;
+4. the same for plain supervised LoRA (the usual approach) and for pasting the corrections
+   into the system prompt (prompt memory, with its time to first token);
+5. trainer tokens/s against a plain peft/transformers loop on the same model and batch.
+
+Not yet measured here: the registry and deployment (the run's gate decision is reported as
+`gate_passed`; `deployed` stays null until deployment exists).
+
+Usage: python bench/learning.py --scenario ../shared/scenarios/tldr.json --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from macaron_local.adapters import BaseModelInfo
+from macaron_local.engine import Engine, GenerationParams
+from macaron_local.learn.backends.base import make_batch
+from macaron_local.learn.backends.torch_backend import TorchBackend
+from macaron_local.learn.episodes import episodes_from_store
+from macaron_local.learn.export import export_gguf
+from macaron_local.learn.loop import LearnConfig, completion_tokens, train
+from macaron_local.learn.regression import score as regression_score
+from macaron_local.session import Session
+from macaron_local.settings import Settings
+
+GREEDY = GenerationParams(max_tokens=48, temperature=0.0, repeat_penalty=1.1)
+MAX_NLL_INCREASE = 0.02
+
+
+def load_scenario(path: Path) -> dict:
+    scenario = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("check", "train", "heldout"):
+        if key not in scenario:
+            raise SystemExit(f"error: scenario {path} has no {key!r}")
+    if scenario["check"].get("type") != "regex":
+        raise SystemExit(f"error: scenario {path}: only regex checks are supported")
+    return scenario
+
+
+def checker(scenario: dict):
+    flags = 0
+    for letter in scenario["check"].get("flags", ""):
+        flags |= {"i": re.I, "m": re.M, "s": re.S, "x": re.X}[letter]
+    pattern = re.compile(scenario["check"]["pattern"], flags)
+    return lambda text: bool(pattern.search(text))
+
+
+def heldout_share(engine: Engine, adapters, system_prompt: str, prompts: list[str], check) -> tuple[float, float]:
+    """Share of held-out prompts whose greedy reply passes the check, and the median TTFT (ms)."""
+    engine.set_adapters(adapters)
+    passed, ttfts = 0, []
+    for prompt in prompts:
+        tokens = engine.render_tokens(
+            [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
+        )
+        done = engine.generate(tokens, GREEDY)
+        passed += check(done.text)
+        ttfts.append(done.ttft_ms)
+    return passed / len(prompts), statistics.median(ttfts)
+
+
+def sft_baseline(model_path: Path, engine: Engine, episodes, steps: int, lr: float, rank: int) -> TorchBackend:
+    """Plain supervised LoRA on the corrections: the usual approach, for comparison."""
+    backend = TorchBackend(lr=lr)
+    backend.load(model_path)
+    backend.add_lora(rank=rank, alpha=2.0 * rank)
+    pairs = [completion_tokens(engine, e.messages, e.chosen) for e in episodes if e.chosen]
+    for step in range(steps):
+        chunk = [pairs[(step * 4 + i) % len(pairs)] for i in range(4)]
+        batch = make_batch([p for p, _ in chunk], [c for _, c in chunk])
+        mask = backend.mask(batch)
+        backend.step(-(backend.logprobs(batch) * mask).sum() / mask.sum())
+    return backend
+
+
+def trainer_vs_reference(backend: TorchBackend, engine: Engine, episodes, steps: int = 4) -> dict:
+    """Our backend's step against a plain peft/transformers loop (model(labels=...).loss) on the
+    same model and batch, alternating so machine noise hits both."""
+    torch = backend.torch
+    pairs = [completion_tokens(engine, e.messages, e.chosen) for e in episodes if e.chosen][:4]
+    batch = make_batch([p for p, _ in pairs], [c for _, c in pairs])
+    ids = torch.tensor(batch.input_ids)
+    labels = torch.tensor(batch.targets)
+    labels[torch.tensor(batch.mask) == 0] = -100
+    full = torch.cat([ids[:, :1], labels.clamp(min=0)], dim=1)  # HF shifts labels itself
+    hf_labels = torch.cat([torch.full_like(ids[:, :1], -100), labels], dim=1)
+    optimizer = torch.optim.AdamW([p for p in backend.model.parameters() if p.requires_grad], lr=1e-5)
+    ours, reference = [], []
+    for _ in range(steps):
+        started = time.perf_counter()
+        mask = backend.mask(batch)
+        backend.step(-(backend.logprobs(batch) * mask).sum() / mask.sum())
+        ours.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        loss = backend.model(input_ids=full, labels=hf_labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        reference.append(time.perf_counter() - started)
+    tokens = batch.n_tokens
+    return {
+        "reference": "plain peft/transformers loop: model(input_ids, labels).loss.backward(); AdamW.step()",
+        "ours_tokens_per_s": tokens / statistics.median(ours),
+        "reference_tokens_per_s": tokens / statistics.median(reference),
+        "ratio": statistics.median(reference) / statistics.median(ours),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", type=Path, required=True)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--rank", type=int, default=8)
+    args = parser.parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    check = checker(scenario)
+    started = time.perf_counter()
+
+    home = Path(tempfile.mkdtemp(prefix="macaron-learn-bench-"))
+    settings = Settings.load(home)
+    settings.ensure_dirs()
+    session = Session(settings, engine_config={"n_ctx": 2048})
+    for item in scenario["train"]:
+        session.new_conversation()
+        reply = session.send(item["prompt"], params=GREEDY).wait()
+        session.correct(reply.message_id, item["correction"])
+    episodes = episodes_from_store(session.store)
+    engine, system = session.engine, session.system_prompt
+    base = BaseModelInfo.from_gguf(session.model_path)
+
+    before, _ = heldout_share(engine, [], system, scenario["heldout"], check)
+    regression_before = regression_score(engine, [], system)
+
+    learn_started = time.perf_counter()
+    backend = TorchBackend(lr=args.lr)
+    backend.load(session.model_path)
+    backend.add_lora(rank=args.rank, alpha=2.0 * args.rank)
+    config = LearnConfig(steps=args.steps, lr=args.lr, rank=args.rank, alpha=2.0 * args.rank)
+    result = train(backend, engine, base, episodes, config, home)
+    candidate = engine.load_adapter(export_gguf(backend, base, home / "candidate.gguf"))
+    learn_wall = time.perf_counter() - learn_started
+    after, _ = heldout_share(engine, [candidate], system, scenario["heldout"], check)
+    regression_after = regression_score(engine, [candidate], system)
+    nll_delta = regression_after.passage_nll / regression_before.passage_nll - 1
+
+    memory = "\n\n".join(f"When asked: {t['prompt']}\nI wanted: {t['correction']}" for t in scenario["train"])
+    memory_prompt = f"{system}\n\nThe user corrected earlier replies like this; answer in the same way.\n\n{memory}"
+    memory_after, memory_ttft = heldout_share(engine, [], memory_prompt, scenario["heldout"], check)
+    _, plain_ttft = heldout_share(engine, [], system, scenario["heldout"][:3], check)
+
+    sft = sft_baseline(session.model_path, engine, episodes, steps=24, lr=1e-3, rank=args.rank)
+    sft_adapter = engine.load_adapter(export_gguf(sft, base, home / "sft.gguf"))
+    sft_after, _ = heldout_share(engine, [sft_adapter], system, scenario["heldout"], check)
+    sft_regression = regression_score(engine, [sft_adapter], system)
+    speed = trainer_vs_reference(sft, engine, episodes)
+
+    gate_passed = (
+        after > before and nll_delta <= MAX_NLL_INCREASE and regression_after.qa_right >= regression_before.qa_right
+    )
+    report = {
+        "scenario": scenario.get("name", args.scenario.stem),
+        "model": session.manifest.name,
+        "train_examples": len(scenario["train"]),
+        "heldout_prompts": len(scenario["heldout"]),
+        "before": before,
+        "after": after,
+        "regression_nll_before": round(regression_before.passage_nll, 4),
+        "regression_nll_after": round(regression_after.passage_nll, 4),
+        "regression_nll_delta": round(nll_delta, 4),
+        "regression_qa_before": regression_before.qa_right,
+        "regression_qa_after": regression_after.qa_right,
+        "regression_qa_total": regression_before.qa_total,
+        "gate_passed": gate_passed,
+        "deployed": None,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "learn_wall_s": round(learn_wall, 1),
+        "trainer_tokens_per_s": round(result.trainer_tokens_per_s, 1),
+        "rollout_s": round(result.rollout_seconds, 1),
+        "final_kl": round(result.steps[-1].kl, 4) if result.steps else None,
+        "prompt_memory_after": memory_after,
+        "prompt_memory_ttft_ms": round(memory_ttft, 1),
+        "plain_ttft_ms": round(plain_ttft, 1),
+        "sft_after": sft_after,
+        "sft_regression_nll_delta": round(sft_regression.passage_nll / regression_before.passage_nll - 1, 4),
+        "sft_regression_qa_after": sft_regression.qa_right,
+        "trainer_vs_reference": round(speed["ratio"], 3),
+        "trainer_vs_reference_detail": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in speed.items()},
+        "config": {"steps": args.steps, "lr": args.lr, "rank": args.rank, "kl_beta": config.kl_beta},
+    }
+    session.close()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        for key, value in report.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The regression set a preference should not touch, and how a candidate is scored on it.
+
+(a) Passage NLL: mean negative log-likelihood per token of plain-text passages, scored without
+the chat template, so it measures the language model itself rather than chat behaviour. (b)
+Short factual questions whose greedy answers are judged case-insensitively by key terms. Both run
+through the engine, on the quantized model and adapters the user would actually get.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from macaron_local.engine import AdapterHandle, Engine, GenerationParams
+
+ANSWER_TOKENS = 32
+
+
+def load_regression_set() -> dict[str, Any]:
+    return json.loads(resources.files("macaron_local.learn").joinpath("data/regression.json").read_text("utf-8"))
+
+
+@dataclass(frozen=True)
+class RegressionScore:
+    passage_nll: float
+    qa_right: int
+    qa_total: int
+
+
+def passage_nll(engine: Engine, passages: list[str]) -> float:
+    """Token-weighted mean NLL; the first token of each passage (no context) is not scored."""
+    total, count = 0.0, 0
+    for passage in passages:
+        tokens = engine.tokenize(passage, add_bos=True, special=False)
+        logprobs = engine.token_logprobs(tokens[:1], tokens[1:])
+        total += float(-np.sum(logprobs))
+        count += len(logprobs)
+    return total / max(count, 1)
+
+
+def answer_is_right(answer: str, terms: list[str]) -> bool:
+    lowered = answer.lower()
+    return any(term.lower() in lowered for term in terms)
+
+
+def score(engine: Engine, adapters: list[AdapterHandle], system_prompt: str = "") -> RegressionScore:
+    """Score the engine under `adapters` (the adapter set is left active)."""
+    data = load_regression_set()
+    engine.set_adapters(adapters)
+    nll = passage_nll(engine, data["passages"])
+    right = 0
+    for item in data["questions"]:
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+            {"role": "user", "content": item["question"]}
+        ]
+        reply = engine.generate(engine.render_tokens(messages), GenerationParams(max_tokens=ANSWER_TOKENS)).text
+        right += answer_is_right(reply, item["answer_terms"])
+    return RegressionScore(nll, right, len(data["questions"]))
