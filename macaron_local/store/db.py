@@ -29,6 +29,7 @@ from macaron_local.store.ids import new_id, now_iso
 from macaron_local.store.models import (
     FEEDBACK_KINDS,
     ROLES,
+    TURN_FIELDS,
     Conversation,
     ConversationSummary,
     FeedbackItem,
@@ -48,20 +49,6 @@ from macaron_local.store.search import (
 from macaron_local.store.transactions import read_transaction, write_transaction
 
 TITLE_LENGTH = 60
-#: Keys `add_reply`'s `turn` dict may carry: exactly `record_turn`'s keyword arguments.
-TURN_FIELDS = (
-    "model",
-    "expert",
-    "route_method",
-    "route_reason",
-    "adapters",
-    "sampling",
-    "prompt_tokens",
-    "completion_tokens",
-    "ttft_ms",
-    "total_ms",
-    "finish_reason",
-)
 
 
 def auto_title(text: str) -> str:

@@ -17,29 +17,14 @@ from typing import IO, Any, TextIO
 from sqlite_utils import Database
 
 from macaron_local.errors import InvalidInputError
-from macaron_local.store.models import FEEDBACK_KINDS, ROLES, ImportResult
+from macaron_local.store.models import FEEDBACK_KINDS, ROLES, TURN_FIELDS, ImportResult
 from macaron_local.store.rows import dump_json
 
 RECORD_TYPE = "macaron-local/conversation"
 FORMAT_VERSION = 1
 CONVERSATION_KEYS = ("id", "title", "model", "system_prompt", "created_at", "updated_at", "current_leaf_id")
 MESSAGE_KEYS = ("id", "parent_id", "role", "content", "created_at")
-TURN_KEYS = (
-    "id",
-    "message_id",
-    "model",
-    "expert",
-    "route_method",
-    "route_reason",
-    "adapters",
-    "sampling",
-    "prompt_tokens",
-    "completion_tokens",
-    "ttft_ms",
-    "total_ms",
-    "finish_reason",
-    "created_at",
-)
+TURN_KEYS = ("id", "message_id", *TURN_FIELDS, "created_at")
 FEEDBACK_KEYS = ("id", "message_id", "kind", "value", "text", "created_at")
 
 

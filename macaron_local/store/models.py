@@ -144,3 +144,20 @@ class ImportResult:
     imported: list[str]
     skipped: list[str]
     renumbered_feedback: int = 0
+
+
+#: What a turn records about a reply (`record_turn`'s keyword arguments, and the keys an
+#: `add_reply` turn dict may carry); exports list them in this order.
+TURN_FIELDS = (
+    "model",
+    "expert",
+    "route_method",
+    "route_reason",
+    "adapters",
+    "sampling",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "total_ms",
+    "finish_reason",
+)
