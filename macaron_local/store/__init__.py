@@ -27,10 +27,12 @@ from macaron_local.store.models import (
     SearchHit,
     Turn,
 )
+from macaron_local.store.registry import AdapterVersion
 
 STORE_FILENAME = "macaron.db"
 
 __all__ = [
+    "AdapterVersion",
     "FEEDBACK_KINDS",
     "ROLES",
     "STORE_FILENAME",

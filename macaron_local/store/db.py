@@ -23,7 +23,7 @@ from typing import IO, Any, TextIO
 from sqlite_utils import Database
 
 from macaron_local.errors import InvalidInputError
-from macaron_local.store import jsonl, learning, rows
+from macaron_local.store import jsonl, learning, registry, rows
 from macaron_local.store.errors import sqlite_errors
 from macaron_local.store.ids import new_id, now_iso
 from macaron_local.store.models import (
@@ -39,6 +39,7 @@ from macaron_local.store.models import (
     Message,
     SearchHit,
 )
+from macaron_local.store.registry import AdapterVersion
 from macaron_local.store.search import (
     HIGHLIGHT_END,
     HIGHLIGHT_START,
@@ -417,6 +418,41 @@ class Store:
         """Every learning run, oldest first."""
         with self._reading() as db:
             return learning.runs(db)
+
+    # ----------------------------------------------------------------- adapter registry
+    @property
+    def adapters_dir(self) -> Path:
+        """Content-addressed adapter files live next to the database."""
+        return self.db_path.parent / "adapters"
+
+    def register_adapter(self, path: Path, *, slot: str, base_model: str, rank: int, **details: Any) -> AdapterVersion:
+        """Copy `path` into the registry (content-addressed, atomic) and record a new version."""
+        digest, stored = registry.store_file(Path(path), self.adapters_dir)
+        with self._writing() as db:
+            version_id = registry.register(
+                db, slot=slot, base_model=base_model, rank=rank, sha256=digest, path=stored, **details
+            )
+            return registry.get(db, version_id)
+
+    def deploy_adapter(self, version_id: str) -> AdapterVersion:
+        with self._writing() as db:
+            return registry.deploy(db, version_id)
+
+    def rollback_adapter(self, slot: str, base_model: str) -> AdapterVersion | None:
+        with self._writing() as db:
+            return registry.rollback(db, slot, base_model)
+
+    def deployed_adapter(self, slot: str, base_model: str) -> AdapterVersion | None:
+        with self._reading() as db:
+            return registry.deployed(db, slot, base_model)
+
+    def adapter_version(self, version_id: str) -> AdapterVersion:
+        with self._reading() as db:
+            return registry.get(db, version_id)
+
+    def adapter_versions(self, slot: str | None = None, base_model: str | None = None) -> list[AdapterVersion]:
+        with self._reading() as db:
+            return registry.versions(db, slot, base_model)
 
     # ----------------------------------------------------------------- forgetting
     def forget(self, conversation_id: str) -> ForgetResult:

@@ -151,3 +151,36 @@ def m001_initial(db: Database) -> None:
         db.execute(sql)
     # External-content FTS5 index kept in sync by triggers (insert, delete, update).
     db["messages"].enable_fts(["content"], create_triggers=True)
+
+
+@migration
+def m002_adapter_registry(db: Database) -> None:
+    """Every adapter version (slot, base model, parent, rank, file hash, what it learned from,
+    evaluations, status) and, per slot and base model, the one pointer deploy and rollback move."""
+    statements = [
+        """CREATE TABLE adapter_versions (
+            id TEXT PRIMARY KEY,
+            slot TEXT NOT NULL,
+            base_model TEXT NOT NULL,
+            parent_id TEXT REFERENCES adapter_versions(id),
+            rank INTEGER NOT NULL,
+            sha256 TEXT NOT NULL,
+            path TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('candidate', 'deployed', 'rejected', 'retired')),
+            learning_run_id TEXT,
+            feedback_ids TEXT NOT NULL DEFAULT '[]',
+            evaluations TEXT NOT NULL DEFAULT '{}',
+            created_at TEXT NOT NULL
+        )""",
+        """CREATE TABLE deployments (
+            slot TEXT NOT NULL,
+            base_model TEXT NOT NULL,
+            version_id TEXT REFERENCES adapter_versions(id),
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (slot, base_model)
+        )""",
+        "CREATE INDEX idx_adapter_versions_slot ON adapter_versions(slot, base_model, created_at)",
+        "CREATE INDEX idx_adapter_versions_parent ON adapter_versions(parent_id)",
+    ]
+    for sql in statements:
+        db.execute(sql)

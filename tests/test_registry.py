@@ -1,0 +1,96 @@
+"""The adapter registry: versions are content-addressed and kept forever; deploy and rollback move
+one pointer per slot in one transaction; a rollback restores the previous behaviour exactly."""
+
+from __future__ import annotations
+
+import stat
+
+import numpy as np
+import pytest
+from conftest import write_random_adapter
+
+from macaron_local.engine import Engine, EngineConfig
+from macaron_local.errors import InvalidInputError
+from macaron_local.store import open_store
+from macaron_local.store.migrations import MIGRATIONS
+
+
+@pytest.fixture
+def store(tmp_path):
+    with open_store(tmp_path / "data" / "macaron.db") as opened:
+        yield opened
+
+
+def test_migration_is_appended_after_the_initial_one():
+    assert [m.__name__ for m in MIGRATIONS][:2] == ["m001_initial", "m002_adapter_registry"]
+
+
+def test_register_deploy_and_roll_back(store, tiny_model, tmp_path):
+    model = tiny_model("llama", False)
+    first_file = write_random_adapter(tmp_path / "v1.gguf", model, rank=4, seed=1)
+    second_file = write_random_adapter(tmp_path / "v2.gguf", model, rank=4, seed=2)
+    first = store.register_adapter(first_file, slot="L0", base_model="tiny", rank=4, feedback_ids=[1, 2])
+    assert first.status == "candidate" and store.deployed_adapter("L0", "tiny") is None
+    stored = store.adapters_dir / f"{first.sha256}.gguf"
+    assert first.path == str(stored) and stored.read_bytes() == first_file.read_bytes()
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+    assert store.deploy_adapter(first.id).status == "deployed"
+
+    second = store.register_adapter(
+        second_file, slot="L0", base_model="tiny", rank=4, parent_id=first.id, evaluations={"after": 1.0}
+    )
+    store.deploy_adapter(second.id)
+    assert store.deployed_adapter("L0", "tiny").id == second.id
+    assert store.adapter_version(first.id).status == "retired"
+
+    assert store.rollback_adapter("L0", "tiny").id == first.id
+    assert store.adapter_version(second.id).status == "retired"
+    assert store.rollback_adapter("L0", "tiny") is None  # back to the bare expert
+    assert store.deployed_adapter("L0", "tiny") is None
+    with pytest.raises(InvalidInputError, match="nothing to roll back"):
+        store.rollback_adapter("L0", "tiny")
+    assert [v.id for v in store.adapter_versions(slot="L0")] == [first.id, second.id]  # every version kept
+    assert store.adapter_versions(slot="L2") == []
+
+
+def test_the_same_file_is_stored_once(store, tiny_model, tmp_path):
+    model = tiny_model("llama", False)
+    path = write_random_adapter(tmp_path / "a.gguf", model, rank=2, seed=3)
+    a = store.register_adapter(path, slot="L1", base_model="tiny", rank=2)
+    b = store.register_adapter(path, slot="L1", base_model="tiny", rank=2)
+    assert a.id != b.id and a.path == b.path
+    assert len(list(store.adapters_dir.glob("*.gguf"))) == 1
+
+
+def test_rollback_restores_the_previous_logits_exactly(store, tiny_model, tmp_path):
+    model = tiny_model("qwen3", False)
+    tokens = [0, 5, 17, 33, 9, 9, 41, 2]
+    v1 = store.register_adapter(
+        write_random_adapter(tmp_path / "1.gguf", model, rank=4, seed=4), slot="L0", base_model="tiny", rank=4
+    )
+    store.deploy_adapter(v1.id)
+    v2 = store.register_adapter(
+        write_random_adapter(tmp_path / "2.gguf", model, rank=4, seed=5),
+        slot="L0",
+        base_model="tiny",
+        rank=4,
+        parent_id=v1.id,
+    )
+    with Engine(EngineConfig(model_path=model.path, n_ctx=64, kv_f32=True)) as engine:
+
+        def serve_deployed() -> np.ndarray:
+            engine.set_adapters([engine.load_adapter(store.deployed_adapter("L0", "tiny").path)])
+            return engine.logits(tokens)
+
+        before = serve_deployed()
+        store.deploy_adapter(v2.id)
+        changed = serve_deployed()
+        store.rollback_adapter("L0", "tiny")
+        restored = serve_deployed()
+    assert np.abs(changed - before).max() > 0.01
+    assert np.array_equal(restored, before)
+
+
+def test_unknown_version_is_a_clear_error(store):
+    with pytest.raises(InvalidInputError, match="no adapter version"):
+        store.deploy_adapter("nope")
