@@ -100,6 +100,7 @@ class Session:
         self._engine: Engine | None = None
         self._experts: dict[str, AdapterHandle] = {}
         self._personal: dict[str, AdapterHandle] = {}
+        self._labels: dict[str, str] = {}  # adapter key -> what a turn records and the UI shows
         self._store = store
         self.conversation_id: str | None = None
         self.leaf_id: str | None = None
@@ -153,6 +154,12 @@ class Session:
                         pull = f"macaron models pull {self.manifest.name}"
                         raise ModelError(f"expert {slot} adapter {adapter_path} is missing; run `{pull}`")
                     self._experts[slot] = engine.load_adapter(adapter_path)
+                    self._labels[self._experts[slot].key] = adapter_path.name
+            for slot in SLOTS:  # the user's own deployed versions, stacked on the experts
+                version = self.store.deployed_adapter(slot, self.manifest.name)
+                if version is not None:
+                    self._personal[slot] = engine.load_adapter(version.path)
+                    self._labels[self._personal[slot].key] = f"personal {version.id}"
         except BaseException:
             engine.close()
             raise
@@ -390,7 +397,7 @@ class Session:
 
         return Reply(
             route=decision,
-            adapters=tuple(h.path.name for h in active),
+            adapters=tuple(self._labels.get(h.key, h.path.name) for h in active),
             dropped_messages=dropped,
             generation=engine.stream(tokens, params, cancel),
             conversation_id=conversation_id,

@@ -94,3 +94,38 @@ def test_rollback_restores_the_previous_logits_exactly(store, tiny_model, tmp_pa
 def test_unknown_version_is_a_clear_error(store):
     with pytest.raises(InvalidInputError, match="no adapter version"):
         store.deploy_adapter("nope")
+
+
+def test_adapters_cli_lists_shows_and_rolls_back(tmp_path, tiny_model):
+    from conftest import run_cli
+
+    from macaron_local.settings import Settings
+    from macaron_local.store import open_default_store
+
+    model = tiny_model("llama", False)
+    home = tmp_path / "home"
+    assert run_cli("models", "add", "tiny", str(model.path), home=home).returncode == 0
+    with open_default_store(Settings.load(home)) as store:
+        v1 = store.register_adapter(
+            write_random_adapter(tmp_path / "1.gguf", model, rank=2, seed=1), slot="L2", base_model="tiny", rank=2
+        )
+        store.deploy_adapter(v1.id)
+        v2 = store.register_adapter(
+            write_random_adapter(tmp_path / "2.gguf", model, rank=2, seed=2),
+            slot="L2",
+            base_model="tiny",
+            rank=2,
+            parent_id=v1.id,
+        )
+        store.deploy_adapter(v2.id)
+    listed = run_cli("adapters", "list", "--model", "tiny", "--json", home=home)
+    assert [(v["id"], v["status"]) for v in __import__("json").loads(listed.stdout)] == [
+        (v1.id, "retired"),
+        (v2.id, "deployed"),
+    ]
+    rolled = run_cli("adapters", "rollback", "coding", "--model", "tiny", home=home)
+    assert rolled.returncode == 0 and f"now serves {v1.id}" in rolled.stdout
+    shown = run_cli("adapters", "show", v1.id, home=home)
+    assert '"status": "deployed"' in shown.stdout
+    empty = run_cli("adapters", "rollback", "L0", "--model", "tiny", home=home)
+    assert empty.returncode == 2 and "nothing to roll back" in empty.stderr

@@ -147,3 +147,17 @@ def test_correcting_an_earlier_reply_keeps_later_turns_and_feeds_the_model_the_c
         assert (item.feedback.kind, item.feedback.text) == ("correction", "Teal.")
         with pytest.raises(MacaronError, match="only a reply"):
             session.correct(session.store.path(first.message_id)[0].id, "nope")
+
+
+def test_deployed_personal_adapter_is_served_and_recorded(expert_home, tmp_path):
+    home, model, adapters = expert_home
+    personal = write_random_adapter(tmp_path / "mine.gguf", model, rank=2, seed=41)
+    with open_session(home) as session:
+        version = session.store.register_adapter(personal, slot="L2", base_model="tiny", rank=2)
+        session.store.deploy_adapter(version.id)
+    with open_session(home) as session:
+        reply = session.send("fix this python bug", params=SHORT).wait()
+        assert reply.adapters == (adapters["L2"].name, f"personal {version.id}")
+        [turn] = session.store.get_conversation(session.conversation_id).turns
+        assert turn.adapters == [adapters["L2"].name, f"personal {version.id}"]
+        assert len(session.engine.active) == 2

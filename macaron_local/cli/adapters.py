@@ -19,6 +19,21 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_model_option(validate)
     validate.set_defaults(func=run_validate)
 
+    listing = sub.add_parser("list", help="every adapter version in the registry, and which one is deployed")
+    listing.add_argument("--slot", help="only this expert slot (L0..L3)")
+    listing.add_argument("--json", action="store_true")
+    add_model_option(listing)
+    listing.set_defaults(func=run_list)
+
+    show = sub.add_parser("show", help="one adapter version: lineage, what it learned from, evaluations")
+    show.add_argument("version")
+    show.set_defaults(func=run_show)
+
+    rollback = sub.add_parser("rollback", help="serve the previous version of an expert's personal adapter")
+    rollback.add_argument("slot", help="L0, L1, L2 or L3 (or chat, agent, coding, ui)")
+    add_model_option(rollback)
+    rollback.set_defaults(func=run_rollback)
+
     convert = sub.add_parser("convert", help="convert a PEFT LoRA directory to a GGUF adapter")
     convert.add_argument("peft_dir")
     convert.add_argument("output")
@@ -57,4 +72,53 @@ def run_convert(args: argparse.Namespace) -> int:
 
     out = convert_peft_dir(args.peft_dir, _base(args.model), args.output, dtype=args.dtype)
     print(f"wrote {out}")
+    return 0
+
+
+def _model_name(model: str | None) -> str:
+    catalog = Catalog(load_settings())
+    return (catalog.get(model) if model else catalog.default()).name
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from macaron_local.router import normalize_slot
+    from macaron_local.store import open_default_store
+
+    base_model = _model_name(args.model)
+    slot = normalize_slot(args.slot) if args.slot else None
+    with open_default_store(load_settings()) as store:
+        versions = store.adapter_versions(slot=slot, base_model=base_model)
+    if args.json:
+        print_json([vars(v) for v in versions])
+        return 0
+    if not versions:
+        print(f"no adapter versions for {base_model} yet: learning has not produced any")
+        return 0
+    for version in versions:
+        mark = "*" if version.status == "deployed" else " "
+        print(
+            f"{mark} {version.id}  {version.slot}  {version.status:<9} rank {version.rank}  {version.created_at[:16]}"
+        )
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from macaron_local.store import open_default_store
+
+    with open_default_store(load_settings()) as store:
+        print_json(vars(store.adapter_version(args.version)))
+    return 0
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    from macaron_local.router import normalize_slot
+    from macaron_local.store import open_default_store
+
+    slot, base_model = normalize_slot(args.slot), _model_name(args.model)
+    with open_default_store(load_settings()) as store:
+        restored = store.rollback_adapter(slot, base_model)
+    if restored is None:
+        print(f"{slot} on {base_model} is back to the bare expert (no personal adapter)")
+    else:
+        print(f"{slot} on {base_model} now serves {restored.id}")
     return 0
