@@ -3,6 +3,7 @@ one pointer per slot in one transaction; a rollback restores the previous behavi
 
 from __future__ import annotations
 
+import json
 import stat
 
 import numpy as np
@@ -119,7 +120,7 @@ def test_adapters_cli_lists_shows_and_rolls_back(tmp_path, tiny_model):
         )
         store.deploy_adapter(v2.id)
     listed = run_cli("adapters", "list", "--model", "tiny", "--json", home=home)
-    assert [(v["id"], v["status"]) for v in __import__("json").loads(listed.stdout)] == [
+    assert [(v["id"], v["status"]) for v in json.loads(listed.stdout)] == [
         (v1.id, "retired"),
         (v2.id, "deployed"),
     ]
