@@ -112,5 +112,8 @@ def test_learn_dry_run_lists_the_episodes(tmp_path):
     ]
     text = run_cli("learn", "--dry-run", home=tmp_path)
     assert "1 episode(s) would be used (L0: 1)" in text.stdout
-    refused = run_cli("learn", home=tmp_path)
-    assert refused.returncode == 1 and "not available yet" in refused.stderr
+    too_few = run_cli("learn", home=tmp_path)
+    assert too_few.returncode == 0 and "L0: skipped: 1 episode(s) are too few" in too_few.stdout, too_few.stderr
+    Settings.load(tmp_path).save(learning_paused=True)
+    paused = run_cli("learn", home=tmp_path)
+    assert paused.returncode == 1 and "learning is paused" in paused.stderr

@@ -1,14 +1,14 @@
-"""`macaron learn`: what a learning run would train on (`--dry-run`).
+"""`macaron learn`: one learning run now (`--dry-run`: what it would train on).
 
-The full nightly run (train, export, parity, gate, deploy) is being built; until it lands,
-`macaron learn` without `--dry-run` says so and exits 1 instead of pretending to learn.
+The run happens in this process, at the lowest CPU and IO priority, so a chat open in the app
+(another process) keeps its speed. Learning paused in the settings means no run.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from macaron_local.cli.common import load_settings, print_json
+from macaron_local.cli.common import add_model_option, load_settings, print_json
 from macaron_local.errors import MacaronError
 from macaron_local.learn.episodes import episodes_from_store
 from macaron_local.store import open_default_store
@@ -19,6 +19,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dry-run", action="store_true", help="list the episodes a run would train on")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--since", type=int, default=0, help="only feedback with a larger id")
+    parser.add_argument("--steps", type=int, default=24, help="training steps per expert slot")
+    parser.add_argument("--slot", action="append", help="only these slots (L0..L3); repeatable")
+    parser.add_argument("--force", action="store_true", help="run even if learning is paused")
+    add_model_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -31,9 +35,7 @@ def _clip(text: str | None, width: int = 60) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
-        raise MacaronError(
-            "the learning run is not available yet in this version; `macaron learn --dry-run` shows its data"
-        )
+        return run_learning(args)
     with open_default_store(load_settings()) as store:
         episodes = episodes_from_store(store, since_id=args.since)
     if args.json:
@@ -65,4 +67,49 @@ def run(args: argparse.Namespace) -> int:
         print(f"- [{episode.slot}] {_clip(prompt, 40)}")
         print(f"    chosen:   {_clip(episode.chosen)}")
         print(f"    rejected: {_clip(episode.rejected)}")
+    return 0
+
+
+def lowest_priority() -> None:
+    """Nice 19 and idle IO class (Linux), so learning never slows anything the user does."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(19)
+    with contextlib.suppress(Exception):
+        import psutil
+
+        psutil.Process().ionice(psutil.IOPRIO_CLASS_IDLE)
+
+
+def run_learning(args: argparse.Namespace) -> int:
+    from macaron_local.catalog import Catalog
+    from macaron_local.learn.loop import LearnConfig
+    from macaron_local.learn.run import learn_once
+    from macaron_local.router import normalize_slot
+
+    settings = load_settings()
+    if settings.get("learning_paused") and not args.force:
+        raise MacaronError("learning is paused (resume it in the app's learning panel, or pass --force)")
+    lowest_priority()
+    catalog = Catalog(settings)
+    manifest = catalog.get(args.model) if args.model else catalog.default()
+    slots = [normalize_slot(s) for s in args.slot] if args.slot else None
+    config = LearnConfig(steps=args.steps)
+
+    def progress(log) -> None:
+        print(
+            f"  step {log.step + 1}/{config.steps}  loss {log.loss:.3f}  kl {log.kl:.3f}  "
+            f"reward {log.reward_mean:+.3f}  {log.seconds:.1f}s",
+            flush=True,
+        )
+
+    with open_default_store(settings) as store:
+        reports = learn_once(store, catalog, manifest, config, slots, on_step=progress)
+    if not reports:
+        print("nothing to learn from yet: correct, rate or regenerate some replies first")
+    for report in reports:
+        version = f" as {report.version_id}" if report.version_id else ""
+        print(f"{report.slot}: {report.decision}{version}: {report.reason}")
     return 0

@@ -414,6 +414,11 @@ class Store:
                 finished_at=finished_at,
             )
 
+    def set_learning_run_adapter(self, run_id: str, version_id: str) -> None:
+        """Link a run to the adapter version it produced (registered after the run's record)."""
+        with self._writing() as db:
+            db.execute("UPDATE learning_runs SET adapter_version = ? WHERE id = ?", [version_id, run_id])
+
     def learning_runs(self) -> list[LearningRun]:
         """Every learning run, oldest first."""
         with self._reading() as db:

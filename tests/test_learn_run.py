@@ -1,0 +1,65 @@
+"""One learning run orchestrated end to end on a tiny real model: train, export, parity, gate,
+register, deploy or reject, and every step recorded."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from macaron_local.catalog import Catalog  # noqa: E402
+from macaron_local.learn.loop import LearnConfig  # noqa: E402
+from macaron_local.learn.run import learn_once, split_by_conversation  # noqa: E402
+from macaron_local.store import open_default_store  # noqa: E402
+
+TURN = {"model": "tiny", "expert": "L0", "route_method": "default"}
+
+
+def seed(store, n: int) -> None:
+    for i in range(n):
+        conversation = store.new_conversation("tiny")
+        question = store.add_message(conversation, "user", f"ab {i}")
+        reply, _ = store.add_reply(conversation, question, "cd cd", TURN)
+        store.add_feedback(reply, "correction", text=f"ba {i} ba")
+
+
+def test_a_run_is_gated_registered_and_recorded(home, tiny_model):
+    model = tiny_model("llama", False, n_ctx_train=2048)
+    catalog = Catalog(home)
+    manifest = catalog.add_local("tiny", model.path)
+    with open_default_store(home) as store:
+        seed(store, 8)
+        config = LearnConfig(steps=2, episodes_per_step=2, group_size=2, max_new_tokens=4, refresh_every=10)
+        [report] = learn_once(store, catalog, manifest, config)
+        assert report.slot == "L0" and report.decision in ("deployed", "rejected") and report.reason
+        assert report.metrics["train_episodes"] == 6 and report.metrics["heldout_episodes"] == 2
+        assert report.metrics["parity_max_abs_diff"] <= 1e-3  # a float32 base: both sides agree
+        [run] = store.learning_runs()
+        assert run.decision == report.decision and run.adapter_version == report.version_id
+        assert sorted(run.feedback_ids) == list(range(1, 9))
+        version = store.adapter_version(report.version_id)
+        deployed = store.deployed_adapter("L0", "tiny")
+        if report.decision == "deployed":
+            assert version.status == "deployed" and deployed.id == version.id
+        else:
+            assert version.status == "rejected" and deployed is None
+
+
+def test_too_little_feedback_is_skipped(home, tiny_model):
+    model = tiny_model("llama", False, n_ctx_train=2048)
+    catalog = Catalog(home)
+    manifest = catalog.add_local("tiny2", model.path)
+    with open_default_store(home) as store:
+        seed(store, 2)
+        [report] = learn_once(store, catalog, manifest, LearnConfig(steps=1))
+    assert report.decision == "skipped" and "too few" in report.reason
+
+
+def test_held_out_episodes_are_whole_conversations():
+    from macaron_local.learn.episodes import Episode
+
+    episodes = [Episode([], "a", "b", conversation_id=f"c{i // 2}") for i in range(16)]
+    train, held = split_by_conversation(episodes)
+    assert {e.conversation_id for e in train}.isdisjoint({e.conversation_id for e in held})
+    assert len(held) == 4 and len(train) == 12
