@@ -31,9 +31,11 @@ from macaron_local.learn.rewards import preference_reward
 from macaron_local.store import Store
 
 MAX_NLL_INCREASE = 0.02
-#: The adapter's effect may differ by this much (nats per token) between llama.cpp's quantized
-#: base and the trainer's dequantized copy; exact float32 bases agree to about 1e-6.
-PARITY_TOLERANCE = 0.5
+#: The adapter's effect may differ by this much (nats, any token) between llama.cpp's quantized
+#: base and the trainer's dequantized copy. Measured: 0.41 on the embedded Q4_1 model after the
+#: tldr scenario, where the adapter moves the first token by many nats; float32 bases agree to
+#: about 1e-6. A broken export (wrong rows, a missing pair) differs by the whole effect.
+PARITY_TOLERANCE = 1.0
 GATE_REPLY = GenerationParams(max_tokens=64, temperature=0.0, repeat_penalty=1.1)
 
 
@@ -123,6 +125,7 @@ def learn_slot(
             "regression_qa_before": regression_before.qa_right,
             "regression_qa_after": regression_after.qa_right,
             "parity_max_abs_diff": round(parity.max_abs_diff, 5),
+            "parity_mean_abs_diff": round(parity.mean_abs_diff, 5),
             "trainer_tokens_per_s": round(result.trainer_tokens_per_s, 1),
         }
         reasons = []
