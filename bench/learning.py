@@ -12,8 +12,8 @@ heldout [prompt]):
    into the system prompt (prompt memory, with its time to first token);
 5. trainer tokens/s against a plain peft/transformers loop on the same model and batch.
 
-Not yet measured here: the registry and deployment (the run's gate decision is reported as
-`gate_passed`; `deployed` stays null until deployment exists).
+`after` and the regression figures are measured with whatever the run deployed (nothing, if the
+gate rejected the candidate); `deployed` and `decision_reason` say which.
 
 Usage: python bench/learning.py --scenario ../shared/scenarios/tldr.json --json
 """
@@ -35,13 +35,13 @@ from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.torch_backend import TorchBackend
 from macaron_local.learn.episodes import episodes_from_store
 from macaron_local.learn.export import export_gguf
-from macaron_local.learn.loop import LearnConfig, completion_tokens, train
+from macaron_local.learn.loop import LearnConfig, completion_tokens
 from macaron_local.learn.regression import score as regression_score
+from macaron_local.learn.run import learn_once
 from macaron_local.session import Session
 from macaron_local.settings import Settings
 
 GREEDY = GenerationParams(max_tokens=48, temperature=0.0, repeat_penalty=1.1)
-MAX_NLL_INCREASE = 0.02
 
 
 def load_scenario(path: Path) -> dict:
@@ -150,16 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     before, _ = heldout_share(engine, [], system, scenario["heldout"], check)
     regression_before = regression_score(engine, [], system)
 
+    # The real nightly run: train, export, parity, gate, register, deploy or reject.
     learn_started = time.perf_counter()
-    backend = TorchBackend(lr=args.lr)
-    backend.load(session.model_path)
-    backend.add_lora(rank=args.rank, alpha=2.0 * args.rank)
     config = LearnConfig(steps=args.steps, lr=args.lr, rank=args.rank, alpha=2.0 * args.rank)
-    result = train(backend, engine, base, episodes, config, home)
-    candidate = engine.load_adapter(export_gguf(backend, base, home / "candidate.gguf"))
+    [run] = learn_once(session.store, session.catalog, session.manifest, config)
     learn_wall = time.perf_counter() - learn_started
-    after, _ = heldout_share(engine, [candidate], system, scenario["heldout"], check)
-    regression_after = regression_score(engine, [candidate], system)
+    deployed_version = session.store.deployed_adapter(run.slot, session.manifest.name)
+    served = [engine.load_adapter(deployed_version.path)] if deployed_version else []
+    after, _ = heldout_share(engine, served, system, scenario["heldout"], check)
+    regression_after = regression_score(engine, served, system)
     nll_delta = regression_after.passage_nll / regression_before.passage_nll - 1
 
     memory = "\n\n".join(f"When asked: {t['prompt']}\nI wanted: {t['correction']}" for t in scenario["train"])
@@ -173,9 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     sft_regression = regression_score(engine, [sft_adapter], system)
     speed = trainer_vs_reference(sft, engine, episodes)
 
-    gate_passed = (
-        after > before and nll_delta <= MAX_NLL_INCREASE and regression_after.qa_right >= regression_before.qa_right
-    )
     report = {
         "scenario": scenario.get("name", args.scenario.stem),
         "model": session.manifest.name,
@@ -189,13 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         "regression_qa_before": regression_before.qa_right,
         "regression_qa_after": regression_after.qa_right,
         "regression_qa_total": regression_before.qa_total,
-        "gate_passed": gate_passed,
-        "deployed": None,
+        "deployed": run.decision == "deployed",
+        "decision_reason": run.reason,
+        "gate_metrics": run.metrics,
         "wall_s": round(time.perf_counter() - started, 1),
         "learn_wall_s": round(learn_wall, 1),
-        "trainer_tokens_per_s": round(result.trainer_tokens_per_s, 1),
-        "rollout_s": round(result.rollout_seconds, 1),
-        "final_kl": round(result.steps[-1].kl, 4) if result.steps else None,
+        "trainer_tokens_per_s": run.metrics.get("trainer_tokens_per_s"),
         "prompt_memory_after": memory_after,
         "prompt_memory_ttft_ms": round(memory_ttft, 1),
         "plain_ttft_ms": round(plain_ttft, 1),
