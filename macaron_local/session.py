@@ -23,7 +23,7 @@ from macaron_local.engine.template import Message
 from macaron_local.errors import InvalidInputError, ModelError
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
-from macaron_local.store import LearningRun, Store, open_default_store
+from macaron_local.store import AdapterVersion, LearningRun, Store, open_default_store
 
 
 @dataclass
@@ -440,6 +440,22 @@ class Session:
         used = {i for run in runs for i in run.feedback_ids}
         pending = sum(1 for item in self.store.feedback_rows() if item.feedback.id not in used)
         return LearningStatus(bool(self.settings.get("learning_paused")), pending, runs[::-1][:20])
+
+    def deployed_versions(self) -> dict[str, AdapterVersion]:
+        """Each slot's deployed personal adapter version for this model."""
+        found = {slot: self.store.deployed_adapter(slot, self.manifest.name) for slot in SLOTS}
+        return {slot: version for slot, version in found.items() if version is not None}
+
+    def rollback(self, slot: str) -> AdapterVersion | None:
+        """Serve the previous version of `slot`'s personal adapter from the next turn on."""
+        restored = self.store.rollback_adapter(slot, self.manifest.name)
+        if self._engine is not None:
+            if restored is None:
+                self.set_personal_adapter(slot, None)
+            else:
+                self.set_personal_adapter(slot, Path(restored.path))
+                self._labels[self._personal[slot].key] = f"personal {restored.id}"
+        return restored
 
     def set_learning_paused(self, paused: bool) -> None:
         self.settings.save(learning_paused=paused)

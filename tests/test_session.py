@@ -161,3 +161,26 @@ def test_deployed_personal_adapter_is_served_and_recorded(expert_home, tmp_path)
         [turn] = session.store.get_conversation(session.conversation_id).turns
         assert turn.adapters == [adapters["L2"].name, f"personal {version.id}"]
         assert len(session.engine.active) == 2
+
+
+def test_rollback_switches_the_served_personal_adapter(expert_home, tmp_path):
+    home, model, adapters = expert_home
+    with open_session(home) as session:
+        first = session.store.register_adapter(
+            write_random_adapter(tmp_path / "v1.gguf", model, rank=2, seed=51), slot="L2", base_model="tiny", rank=2
+        )
+        session.store.deploy_adapter(first.id)
+        second = session.store.register_adapter(
+            write_random_adapter(tmp_path / "v2.gguf", model, rank=2, seed=52),
+            slot="L2",
+            base_model="tiny",
+            rank=2,
+            parent_id=first.id,
+        )
+        session.store.deploy_adapter(second.id)
+        assert session.send("python code", params=SHORT).wait().adapters[-1] == f"personal {second.id}"
+        assert session.rollback("L2").id == first.id
+        assert session.send("more python code", params=SHORT).wait().adapters[-1] == f"personal {first.id}"
+        assert session.rollback("L2") is None
+        assert session.send("python again", params=SHORT).wait().adapters == (adapters["L2"].name,)
+        assert session.deployed_versions() == {}

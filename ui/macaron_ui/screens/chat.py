@@ -358,4 +358,16 @@ class ChatScreen(Screen):
         self.app.push_screen(PickScreen("Switch model", options), done)
 
     def roll_back(self) -> None:
-        self.app.push_screen(LearningScreen(self.session))
+        deployed = self.session.deployed_versions()
+        if not deployed:
+            self.notify("No expert has a learned version to roll back yet.")
+            return
+
+        def done(slot: str | None) -> None:
+            if slot:
+                restored = self.session.rollback(slot)
+                now = f"version {restored.id}" if restored else "the bare expert"
+                self.notify(f"{slot} rolled back: it now answers with {now}.")
+
+        options = [(slot, f"{slot}: roll back {version.id}") for slot, version in deployed.items()]
+        self.app.push_screen(PickScreen("Roll back which expert?", options), done)

@@ -1,0 +1,53 @@
+"""A poisoned batch (gibberish "corrections") yields a candidate the gate rejects, and what is
+deployed stays exactly as it was. Runs the real learning pass on the embedded model (minutes)."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from macaron_local.engine import GenerationParams  # noqa: E402
+from macaron_local.learn.loop import LearnConfig  # noqa: E402
+from macaron_local.learn.run import learn_once  # noqa: E402
+from macaron_local.session import Session  # noqa: E402
+
+PROMPTS = [
+    "How do I boil an egg?",
+    "Why is the sky blue?",
+    "What is a budget?",
+    "How often should I water a cactus?",
+    "What should I pack for a hike?",
+    "How do I make my password safer?",
+    "What is compound interest?",
+    "Why do cats purr?",
+    "What is a healthy breakfast?",
+    "How do I start running?",
+    "What does a router do?",
+    "How can I focus better while working?",
+]
+
+
+@pytest.mark.slow
+def test_gibberish_corrections_are_rejected_and_nothing_is_deployed(home):
+    rng = random.Random(0)
+    alphabet = string.ascii_lowercase + "#@%"
+    with Session(home, engine_config={"n_ctx": 1024}) as session:
+        for prompt in PROMPTS:
+            session.new_conversation()
+            reply = session.send(prompt, params=GenerationParams(max_tokens=32, repeat_penalty=1.1)).wait()
+            junk = " ".join("".join(rng.choice(alphabet) for _ in range(rng.randint(3, 9))) for _ in range(30))
+            session.correct(reply.message_id, junk)
+        store, catalog, manifest = session.store, session.catalog, session.manifest
+        [report] = learn_once(store, catalog, manifest, LearnConfig(steps=24, max_new_tokens=24))
+        assert report.decision == "rejected", report.reason
+        assert "passage NLL rose" in report.reason or "factual answers dropped" in report.reason
+        assert store.deployed_adapter("L0", manifest.name) is None
+        assert store.adapter_version(report.version_id).status == "rejected"
+        [run] = store.learning_runs()
+        assert run.decision == "rejected" and run.metrics["regression_nll_delta"] > 0
+        print(f"\npoisoned run rejected: {report.reason}")
