@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -38,6 +37,7 @@ from macaron_local.adapters.peft import CONFIG_FILE, WEIGHTS_FILE, convert_peft_
 from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
 from macaron_local.catalog import Catalog, Manifest, Source
 from macaron_local.errors import DownloadError, MacaronError, ModelError
+from macaron_local.hashing import sha256_file
 
 #: Inside a model's folder: partial downloads, locks and records of verified files.
 PULL_DIR = ".pull"
@@ -69,16 +69,6 @@ class PullResult:
 
 # ---------------------------------------------------------------------------------------------
 # Small public helpers (also used by `macaron models verify` / doctor)
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """The hex sha256 of a file, read in chunks (base models are tens of GB)."""
-    path = Path(path)
-    try:
-        with path.open("rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
-    except OSError as exc:
-        raise ModelError(f"{path} cannot be read: {exc.strerror or exc}") from None
 
 
 def verify_sha256(path: str | os.PathLike[str], expected: str) -> None:

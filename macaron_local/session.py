@@ -21,6 +21,7 @@ from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Completion, Engine, EngineConfig, Generation, GenerationParams
 from macaron_local.engine.template import Message
 from macaron_local.errors import InvalidInputError, ModelError
+from macaron_local.learn.episodes import latest_corrections
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
 from macaron_local.store import AdapterVersion, LearningRun, Store, open_default_store
@@ -189,13 +190,8 @@ class Session:
         a corrected reply reads as the user's corrected version."""
         if self.leaf_id is None or self.conversation_id is None:
             return []
-        corrected = self._corrections(self.store.get_conversation(self.conversation_id))
+        corrected = latest_corrections(self.store.get_conversation(self.conversation_id).feedback)
         return [{"role": m.role, "content": corrected.get(m.id, m.content)} for m in self.store.path(self.leaf_id)]
-
-    @staticmethod
-    def _corrections(conversation) -> dict[str, str]:
-        """The latest correction of each corrected reply (feedback rows, oldest first)."""
-        return {f.message_id: f.text for f in conversation.feedback if f.kind == "correction" and f.text}
 
     def new_conversation(self) -> None:
         """Start afresh; the conversation is created in the store with its first message."""
@@ -219,7 +215,7 @@ class Session:
         feedback: dict[str, list] = {}
         for item in conversation.feedback:
             feedback.setdefault(item.message_id, []).append(item)
-        corrected = self._corrections(conversation)
+        corrected = latest_corrections(conversation.feedback)
         by_parent: dict[str | None, list[str]] = {}
         for message in conversation.messages:
             by_parent.setdefault(message.parent_id, []).append(message.id)

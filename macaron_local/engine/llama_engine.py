@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import codecs
 import ctypes
-import hashlib
 import os
 import threading
 import time
@@ -27,6 +26,7 @@ import numpy as np
 from macaron_local.adapters.validate import AdapterReport, BaseModelInfo, validate_adapter
 from macaron_local.engine.template import CHATML, ChatTemplate, Message, fit_messages
 from macaron_local.errors import AdapterError, MacaronError, ModelError
+from macaron_local.hashing import sha256_file
 
 KV_SWITCH_POLICIES = ("reset", "state")
 
@@ -107,11 +107,7 @@ class Generation:
 
 def file_key(path: Path) -> str:
     """A short content hash: the same adapter file is loaded once however it is named."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+    return sha256_file(path)[:16]
 
 
 class Engine:

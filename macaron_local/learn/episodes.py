@@ -96,5 +96,5 @@ def _verdict(rows: list[Feedback], reply: str) -> tuple[str | None, str | None, 
 
 def latest_corrections(feedback: Iterable[Feedback]) -> dict[str, str]:
     """message id -> its latest corrected text: the overlay the chat applies before it shows a
-    conversation or feeds it to the model (`Session._corrections`), so prompts match."""
+    conversation or feeds it to the model (the session uses this), so prompts match."""
     return {f.message_id: f.text for f in feedback if f.kind == "correction" and f.text}

@@ -8,7 +8,6 @@ leaves either the old or the new version deployed, never neither.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from macaron_local.errors import InvalidInputError
+from macaron_local.hashing import sha256_file
 from macaron_local.store.ids import new_id, now_iso
 
 
@@ -46,17 +46,9 @@ def _version(row: Mapping[str, Any]) -> AdapterVersion:
     return AdapterVersion(**data)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def store_file(source: Path, adapters_dir: Path) -> tuple[str, Path]:
     """Copy an adapter into the content-addressed folder (temp file + rename); returns (hash, path)."""
-    digest = sha256_of(source)
+    digest = sha256_file(source)
     adapters_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     target = adapters_dir / f"{digest}.gguf"
     if not target.exists():
