@@ -39,7 +39,7 @@ from macaron_local.store.models import (
     Message,
     SearchHit,
 )
-from macaron_local.store.registry import AdapterVersion
+from macaron_local.store.registry import AdapterVersion, GcReport, NewVersion, Plugin
 from macaron_local.store.search import (
     HIGHLIGHT_END,
     HIGHLIGHT_START,
@@ -434,10 +434,101 @@ class Store:
         """Copy `path` into the registry (content-addressed, atomic) and record a new version."""
         digest, stored = registry.store_file(Path(path), self.adapters_dir)
         with self._writing() as db:
+            # Again under the write lock: a garbage collection may have taken the file since.
+            registry.ensure_file(Path(path), digest, self.adapters_dir)
             version_id = registry.register(
                 db, slot=slot, base_model=base_model, rank=rank, sha256=digest, path=stored, **details
             )
             return registry.get(db, version_id)
+
+    def register_adapters(self, versions: Sequence[NewVersion]) -> list[str]:
+        """Register many versions in one transaction (all or none); returns their ids in order.
+
+        Each distinct file is hashed and copied once, before the write lock is taken.
+        """
+        stored = {v.file: registry.store_file(Path(v.file), self.adapters_dir) for v in versions}
+        with self._writing() as db:
+            for source, (digest, _) in stored.items():
+                registry.ensure_file(Path(source), digest, self.adapters_dir)
+            return registry.register_many(db, versions, stored)
+
+    def adapter_lineage(self, version_id: str, limit: int | None = registry.PAGE) -> list[AdapterVersion]:
+        """A version and its ancestors, newest first (at most `limit`)."""
+        with self._reading() as db:
+            return registry.lineage(db, version_id, limit)
+
+    def slot_lineage(self, slot: str, base_model: str, limit: int | None = registry.PAGE) -> list[AdapterVersion]:
+        """The deployed version of a slot and its ancestors, newest first."""
+        with self._reading() as db:
+            return registry.slot_lineage(db, slot, base_model, limit)
+
+    def find_adapters(
+        self,
+        *,
+        tag: str | None = None,
+        base_model: str | None = None,
+        limit: int = registry.PAGE,
+        before: str | None = None,
+    ) -> list[AdapterVersion]:
+        """One page of versions with `tag` or for `base_model`, newest first."""
+        if (tag is None) == (base_model is None):
+            raise InvalidInputError("find adapters by a tag or by a base model")
+        with self._reading() as db:
+            if tag is not None:
+                return registry.find_by_tag(db, tag, limit, before)
+            return registry.find_by_base(db, base_model, limit, before)
+
+    def tag_adapter(self, version_id: str, *tags: str) -> list[str]:
+        """Add tags to a version; returns all of its tags."""
+        with self._writing() as db:
+            registry.get(db, version_id)
+            registry.add_tags(db, version_id, tags)
+            return registry.tags_of(db, version_id)
+
+    def adapter_tags(self, version_id: str) -> list[str]:
+        with self._reading() as db:
+            return registry.tags_of(db, version_id)
+
+    def collect_garbage(self, *, dry_run: bool = False, stale_temp_s: float = registry.STALE_TEMP_S) -> GcReport:
+        """Delete adapter files no version references, deciding under the write lock."""
+        with self._writing() as db:
+            return registry.collect_garbage(db, self.adapters_dir, dry_run=dry_run, stale_temp_s=stale_temp_s)
+
+    def damaged_adapter_files(self, *, deep: bool = False) -> list[tuple[str, str]]:
+        """(sha256, problem) for each referenced adapter file that is missing or damaged."""
+        with self._reading() as db:
+            return registry.missing_files(db, self.adapters_dir, deep=deep)
+
+    def add_plugin(self, path: Path, *, name: str, slot: str, base_model: str, rank: int, **row: Any) -> Plugin:
+        """Register an imported adapter as a candidate version tagged `plugin:<name>`, and its
+        plugin row, in one transaction."""
+        digest, stored = registry.store_file(Path(path), self.adapters_dir)
+        with self._writing() as db:
+            registry.ensure_file(Path(path), digest, self.adapters_dir)
+            if db.execute("SELECT 1 FROM plugins WHERE name = ?", [name]).fetchone():
+                raise InvalidInputError(f"a plugin named {name!r} is already imported; remove it first")
+            version_id = registry.register(
+                db,
+                slot=slot,
+                base_model=base_model,
+                rank=rank,
+                sha256=digest,
+                path=stored,
+                tags=["plugin", f"plugin:{name}"],
+                evaluations={"plugin": name, "validated": bool(row.get("validated"))},
+            )
+            registry.add_plugin(db, name=name, version_id=version_id, slot=slot, base_model=base_model, **row)
+            return registry.get_plugin(db, name)
+
+    def plugins(self) -> list[Plugin]:
+        with self._reading() as db:
+            return registry.plugins(db)
+
+    def remove_plugin(self, name: str) -> tuple[Plugin, GcReport]:
+        """Forget a plugin and its version, and delete its file unless another version uses it."""
+        with self._writing() as db:
+            plugin = registry.remove_plugin(db, name)
+            return plugin, registry.collect_garbage(db, self.adapters_dir, only={plugin.sha256})
 
     def deploy_adapter(self, version_id: str) -> AdapterVersion:
         with self._writing() as db:

@@ -184,3 +184,39 @@ def m002_adapter_registry(db: Database) -> None:
     ]
     for sql in statements:
         db.execute(sql)
+
+
+@migration
+def m003_registry_at_scale(db: Database) -> None:
+    """What a registry of a million versions needs to answer in well under a millisecond:
+    tags (a version has any number; `plugin:<name>` marks an imported plugin), versions by base
+    model newest first, the versions behind a file (garbage collection asks for every file), and
+    the plugins imported from outside with the manifest they came with."""
+    statements = [
+        # WITHOUT ROWID + (tag, version_id) as the key: a tag's versions, newest first (ids are
+        # time-ordered), come straight off the primary key with no sort.
+        """CREATE TABLE adapter_tags (
+            tag TEXT NOT NULL,
+            version_id TEXT NOT NULL REFERENCES adapter_versions(id) ON DELETE CASCADE,
+            PRIMARY KEY (tag, version_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX idx_adapter_tags_version ON adapter_tags(version_id)",
+        "CREATE INDEX idx_adapter_versions_base ON adapter_versions(base_model, id)",
+        "CREATE INDEX idx_adapter_versions_sha256 ON adapter_versions(sha256)",
+        # slot is L0..L3 or the name of a new expert the plugin brings (new_expert = 1).
+        """CREATE TABLE plugins (
+            name TEXT PRIMARY KEY,
+            version_id TEXT NOT NULL REFERENCES adapter_versions(id),
+            slot TEXT NOT NULL,
+            new_expert INTEGER NOT NULL DEFAULT 0,
+            base_model TEXT NOT NULL,
+            format TEXT NOT NULL CHECK (format IN ('gguf', 'peft')),
+            validated INTEGER NOT NULL,
+            source TEXT NOT NULL,
+            manifest TEXT NOT NULL DEFAULT '{}',
+            created_at TEXT NOT NULL
+        )""",
+        "CREATE INDEX idx_plugins_version ON plugins(version_id)",
+    ]
+    for sql in statements:
+        db.execute(sql)

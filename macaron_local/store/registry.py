@@ -1,18 +1,32 @@
-"""The adapter registry: every version ever trained, and which one each slot serves.
+"""The adapter registry: every version ever trained or imported, and which one each slot serves.
 
 Adapter files are content-addressed (`adapters/<sha256>.gguf`) and copied in atomically, so a
 version's file never changes under its id. Deploy and rollback each move one pointer (the
 `deployments` row of a slot and base model) and update statuses in one transaction: a crash
 leaves either the old or the new version deployed, never neither.
+
+Built for a million versions: every question a front end or the learner asks is one indexed
+lookup or a bounded walk. Listings are pages (newest first, `limit` rows, `before` an id for
+the next page), because a listing of everything would grow with the registry; lineage walks
+`parent_id` with a recursive query that stops after `limit` ancestors.
+
+Files and rows meet in two places, and both are ordered so that a crash or a concurrent
+garbage collection can never leave a version pointing at a missing file: a file is copied in
+first, then checked again under the write lock before the row that references it is inserted;
+garbage collection decides and deletes under that same lock.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +34,19 @@ from sqlite_utils import Database
 
 from macaron_local.errors import InvalidInputError
 from macaron_local.hashing import sha256_file
+from macaron_local.store.errors import StoreError
 from macaron_local.store.ids import new_id, now_iso
+
+STATUSES = ("candidate", "deployed", "rejected", "retired")
+#: Rows a listing returns unless asked for another page size.
+PAGE = 100
+#: A content-addressed adapter file, and the temporary name it is written under first.
+CONTENT_NAME = re.compile(r"^[0-9a-f]{64}\.gguf$")
+TEMP_NAME = re.compile(r"^\.(?P<target>[0-9a-f]{64}\.gguf)\.(?P<pid>\d+)\.tmp$")
+TAG_PATTERN = re.compile(r"^[^\s]{1,128}$")
+#: A temporary file this old, whose writer is gone, was left by a crash mid-copy.
+STALE_TEMP_S = 3600.0
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 @dataclass(frozen=True)
@@ -39,6 +65,65 @@ class AdapterVersion:
     created_at: str
 
 
+@dataclass(frozen=True)
+class NewVersion:
+    """One version for `register_many`: metadata, plus the adapter file it is registered with.
+
+    `file` is copied into the registry (content-addressed). `id` may be given in advance so a
+    batch can name parents that are in the same batch (they must come earlier in it).
+    """
+
+    slot: str
+    base_model: str
+    rank: int
+    file: Path
+    parent_id: str | None = None
+    learning_run_id: str | None = None
+    feedback_ids: Sequence[int] = ()
+    evaluations: Mapping[str, Any] | None = None
+    status: str = "candidate"
+    tags: Sequence[str] = ()
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """An adapter imported from outside (a GGUF file or a PEFT directory and its manifest)."""
+
+    name: str
+    version_id: str
+    slot: str
+    new_expert: bool
+    base_model: str
+    format: str
+    validated: bool
+    source: str
+    manifest: dict[str, Any]
+    created_at: str
+    sha256: str
+    path: str
+    rank: int
+    status: str
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What a garbage collection removed (or, with dry_run, would remove) and what it kept."""
+
+    removed: list[str] = field(default_factory=list)
+    stale_temps: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    kept: int = 0
+    dry_run: bool = False
+
+    def summary(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        return (
+            f"{verb} {len(self.removed)} unreferenced adapter file(s) and {len(self.stale_temps)} stale "
+            f"temporary file(s), {self.freed_bytes / 1e6:.1f} MB; kept {self.kept} referenced file(s)"
+        )
+
+
 def _version(row: Mapping[str, Any]) -> AdapterVersion:
     data = dict(row)
     data["feedback_ids"] = json.loads(data["feedback_ids"])
@@ -46,19 +131,76 @@ def _version(row: Mapping[str, Any]) -> AdapterVersion:
     return AdapterVersion(**data)
 
 
+# --------------------------------------------------------------------- files
+@contextmanager
+def disk_errors(where: Path) -> Iterator[None]:
+    """A full disk (or quota, or file-size limit) while writing becomes one clear StoreError."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _DISK_FULL:
+            raise StoreError(
+                f"no space left to write the adapter into {where} ({exc.strerror}); free some space "
+                "and try again (nothing was registered)"
+            ) from None
+        raise
+
+
 def store_file(source: Path, adapters_dir: Path) -> tuple[str, Path]:
     """Copy an adapter into the content-addressed folder (temp file + rename); returns (hash, path)."""
+    source = Path(source)
+    if not source.is_file():
+        raise InvalidInputError(f"{source}: no such adapter file")
     digest = sha256_file(source)
-    adapters_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return digest, ensure_file(source, digest, adapters_dir)
+
+
+def ensure_file(source: Path, digest: str, adapters_dir: Path) -> Path:
+    """Make `adapters_dir/<digest>.gguf` exist with `source`'s bytes; cheap when it already does.
+
+    A stored file whose size differs from the source's was damaged (or replaced) and is written
+    again, so registering good bytes repairs a broken copy instead of trusting it.
+    """
     target = adapters_dir / f"{digest}.gguf"
-    if not target.exists():
+    try:
+        if target.is_file() and target.stat().st_size == source.stat().st_size:
+            return target
+    except OSError:
+        pass
+    with disk_errors(adapters_dir):
+        adapters_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        shutil.copyfile(source, tmp)
-        os.chmod(tmp, 0o600)
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    return digest, target
+        try:
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, 0o600)
+            with tmp.open("rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return target
+
+
+# --------------------------------------------------------------------- registering
+def _check_tags(tags: Iterable[str]) -> list[str]:
+    out = []
+    for tag in tags:
+        if not isinstance(tag, str) or not TAG_PATTERN.match(tag):
+            raise InvalidInputError(f"a tag is 1 to 128 characters without spaces (got {tag!r})")
+        out.append(tag)
+    return out
+
+
+def _check_fields(slot: str, base_model: str, rank: int, status: str) -> None:
+    if not slot or not isinstance(slot, str):
+        raise InvalidInputError("an adapter version needs a slot")
+    if not base_model or not isinstance(base_model, str):
+        raise InvalidInputError("an adapter version needs a base model")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise InvalidInputError(f"an adapter's rank is a whole number >= 1 (got {rank!r})")
+    if status not in STATUSES:
+        raise InvalidInputError(f"status must be one of {', '.join(STATUSES)} (got {status!r})")
 
 
 def register(
@@ -74,7 +216,13 @@ def register(
     feedback_ids: Sequence[int] = (),
     evaluations: Mapping[str, Any] | None = None,
     status: str = "candidate",
+    tags: Sequence[str] = (),
 ) -> str:
+    """Insert one version row (its file is already stored); returns the new id."""
+    _check_fields(slot, base_model, int(rank), status)
+    tags = _check_tags(tags)
+    if parent_id is not None:
+        get(db, parent_id)  # a clear error instead of a foreign-key failure
     version_id = new_id()
     db.execute(
         "INSERT INTO adapter_versions (id, slot, base_model, parent_id, rank, sha256, path, status,"
@@ -94,9 +242,76 @@ def register(
             now_iso(),
         ],
     )
+    add_tags(db, version_id, tags)
     return version_id
 
 
+def register_many(db: Database, versions: Sequence[NewVersion], stored: Mapping[Path, tuple[str, Path]]) -> list[str]:
+    """Insert many version rows at once (one executemany each for versions and tags).
+
+    `stored` maps each version's source file to its (hash, registry path), from `ensure_file`.
+    Call inside one write transaction: a failure anywhere registers nothing. A batch may not
+    deploy (that moves a pointer: use `deploy`); a parent must exist or come earlier in it.
+    """
+    ids = [v.id or new_id() for v in versions]
+    known = set()
+    rows, tag_rows = [], []
+    now = now_iso()
+    for version_id, v in zip(ids, versions, strict=True):
+        _check_fields(v.slot, v.base_model, v.rank, v.status)
+        if v.status == "deployed":
+            raise InvalidInputError("a bulk registration cannot deploy; register, then deploy one version")
+        if v.parent_id is not None and v.parent_id not in known and not _exists(db, v.parent_id):
+            raise InvalidInputError(f"parent {v.parent_id} is neither registered nor earlier in the batch")
+        known.add(version_id)
+        digest, path = stored[v.file]
+        rows.append(
+            (
+                version_id,
+                v.slot,
+                v.base_model,
+                v.parent_id,
+                v.rank,
+                digest,
+                str(path),
+                v.status,
+                v.learning_run_id,
+                json.dumps(list(v.feedback_ids)),
+                json.dumps(dict(v.evaluations or {}), sort_keys=True),
+                now,
+            )
+        )
+        tag_rows.extend((tag, version_id) for tag in _check_tags(v.tags))
+    db.conn.executemany(
+        "INSERT INTO adapter_versions (id, slot, base_model, parent_id, rank, sha256, path, status,"
+        " learning_run_id, feedback_ids, evaluations, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        rows,
+    )
+    db.conn.executemany("INSERT OR IGNORE INTO adapter_tags (tag, version_id) VALUES (?, ?)", tag_rows)
+    return ids
+
+
+def _exists(db: Database, version_id: str) -> bool:
+    return db.execute("SELECT 1 FROM adapter_versions WHERE id = ?", [version_id]).fetchone() is not None
+
+
+def add_tags(db: Database, version_id: str, tags: Iterable[str]) -> None:
+    rows = [(tag, version_id) for tag in _check_tags(tags)]
+    if rows:
+        db.conn.executemany("INSERT OR IGNORE INTO adapter_tags (tag, version_id) VALUES (?, ?)", rows)
+
+
+def remove_tags(db: Database, version_id: str, tags: Iterable[str]) -> None:
+    db.conn.executemany(
+        "DELETE FROM adapter_tags WHERE tag = ? AND version_id = ?", [(tag, version_id) for tag in tags]
+    )
+
+
+def tags_of(db: Database, version_id: str) -> list[str]:
+    return [r[0] for r in db.execute("SELECT tag FROM adapter_tags WHERE version_id = ? ORDER BY tag", [version_id])]
+
+
+# --------------------------------------------------------------------- reading
 def get(db: Database, version_id: str) -> AdapterVersion:
     row = next(db.query("SELECT * FROM adapter_versions WHERE id = ?", [version_id]), None)
     if row is None:
@@ -105,6 +320,7 @@ def get(db: Database, version_id: str) -> AdapterVersion:
 
 
 def deployed(db: Database, slot: str, base_model: str) -> AdapterVersion | None:
+    """The version a slot serves: one primary-key lookup in `deployments`, one in the versions."""
     row = next(
         db.query(
             "SELECT v.* FROM deployments d JOIN adapter_versions v ON v.id = d.version_id"
@@ -116,6 +332,81 @@ def deployed(db: Database, slot: str, base_model: str) -> AdapterVersion | None:
     return _version(row) if row else None
 
 
+def lineage(db: Database, version_id: str, limit: int | None = PAGE) -> list[AdapterVersion]:
+    """`version_id` and its ancestors, newest first: the parent_id chain, at most `limit` long.
+
+    The recursive query stops after `limit` rows, so a walk costs the same whatever the
+    registry's size; `limit=None` walks to the root (a cycle, which no API can create, still
+    ends: the walk is bounded by the number of versions).
+    """
+    if limit is not None and limit < 1:
+        raise InvalidInputError("limit must be at least 1")
+    bound = limit if limit is not None else -1
+    found = [
+        _version(row)
+        for row in db.query(
+            """WITH RECURSIVE up(id, depth) AS (
+                SELECT id, 0 FROM adapter_versions WHERE id = ?
+                UNION ALL
+                SELECT v.parent_id, up.depth + 1 FROM adapter_versions v JOIN up ON v.id = up.id
+                WHERE v.parent_id IS NOT NULL
+                LIMIT ?
+            )
+            SELECT v.* FROM up JOIN adapter_versions v ON v.id = up.id ORDER BY up.depth""",
+            [version_id, bound if bound > 0 else _count(db)],
+        )
+    ]
+    if not found:
+        raise InvalidInputError(f"no adapter version {version_id}")
+    return found
+
+
+def slot_lineage(db: Database, slot: str, base_model: str, limit: int | None = PAGE) -> list[AdapterVersion]:
+    """The deployed version of a slot and what it grew from, newest first (empty: bare expert)."""
+    current = deployed(db, slot, base_model)
+    return lineage(db, current.id, limit) if current else []
+
+
+def _count(db: Database) -> int:
+    return max(1, int(db.execute("SELECT max(rowid) FROM adapter_versions").fetchone()[0] or 1))
+
+
+def _page(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidInputError(f"limit must be a whole number >= 1 (got {limit!r})")
+    return limit
+
+
+def find_by_tag(db: Database, tag: str, limit: int = PAGE, before: str | None = None) -> list[AdapterVersion]:
+    """Versions carrying `tag`, newest first; pass the last id as `before` for the next page."""
+    rows = db.query(
+        "SELECT v.* FROM adapter_tags t JOIN adapter_versions v ON v.id = t.version_id"
+        " WHERE t.tag = ? AND t.version_id < ? ORDER BY t.version_id DESC LIMIT ?",
+        [tag, before or "~", _page(limit)],
+    )
+    return [_version(r) for r in rows]
+
+
+def find_by_base(db: Database, base_model: str, limit: int = PAGE, before: str | None = None) -> list[AdapterVersion]:
+    """Versions trained for or imported onto `base_model`, newest first, one page at a time."""
+    rows = db.query(
+        "SELECT * FROM adapter_versions WHERE base_model = ? AND id < ? ORDER BY id DESC LIMIT ?",
+        [base_model, before or "~", _page(limit)],
+    )
+    return [_version(r) for r in rows]
+
+
+def versions(db: Database, slot: str | None = None, base_model: str | None = None) -> list[AdapterVersion]:
+    clauses, params = [], []
+    for column, value in (("slot", slot), ("base_model", base_model)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    return [_version(r) for r in db.query(f"SELECT * FROM adapter_versions {where} ORDER BY created_at, id", params)]
+
+
+# --------------------------------------------------------------------- deploying
 def deploy(db: Database, version_id: str) -> AdapterVersion:
     """Point the version's slot at it; the version it replaces is retired (kept for rollback)."""
     version = get(db, version_id)
@@ -144,11 +435,160 @@ def rollback(db: Database, slot: str, base_model: str) -> AdapterVersion | None:
     return deploy(db, current.parent_id)
 
 
-def versions(db: Database, slot: str | None = None, base_model: str | None = None) -> list[AdapterVersion]:
-    clauses, params = [], []
-    for column, value in (("slot", slot), ("base_model", base_model)):
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    return [_version(r) for r in db.query(f"SELECT * FROM adapter_versions {where} ORDER BY created_at, id", params)]
+# --------------------------------------------------------------------- files on disk
+def collect_garbage(
+    db: Database,
+    adapters_dir: Path,
+    *,
+    dry_run: bool = False,
+    stale_temp_s: float = STALE_TEMP_S,
+    only: set[str] | None = None,
+) -> GcReport:
+    """Delete adapter files no version references. Call inside a write transaction.
+
+    Holding the write lock is what makes this safe against a concurrent registration: a
+    registering process re-checks its file under the same lock before inserting its row, so
+    either we see its row (and keep the file) or it sees the file gone (and copies it again).
+    Only `<sha256>.gguf` names are ours to judge. A temporary file is somebody's copy in
+    progress; it is removed only when its writer is dead and it is older than `stale_temp_s`.
+    Anything else in the folder is left alone. `only` limits the collection to those hashes.
+    """
+    removed, stale, freed, kept = [], [], 0, 0
+    if not adapters_dir.is_dir():
+        return GcReport(dry_run=dry_run)
+    now = time.time()
+    for entry in sorted(os.scandir(adapters_dir), key=lambda e: e.name):
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        if CONTENT_NAME.match(entry.name):
+            digest = entry.name[:64]
+            if only is not None and digest not in only:
+                continue
+            if db.execute("SELECT 1 FROM adapter_versions WHERE sha256 = ? LIMIT 1", [digest]).fetchone():
+                kept += 1
+                continue
+            removed.append(entry.name)
+        elif only is None and (temp := TEMP_NAME.match(entry.name)) is not None:
+            if _alive(int(temp["pid"])) or now - entry.stat().st_mtime < stale_temp_s:
+                continue
+            stale.append(entry.name)
+        else:
+            continue
+        freed += entry.stat().st_size
+        if not dry_run:
+            Path(entry.path).unlink(missing_ok=True)
+    return GcReport(removed=removed, stale_temps=stale, freed_bytes=freed, kept=kept, dry_run=dry_run)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def missing_files(db: Database, adapters_dir: Path, *, deep: bool = False) -> list[tuple[str, str]]:
+    """(sha256, problem) for every distinct file the registry references that is not intact.
+
+    Cheap checks by default (present, non-empty); `deep` also hashes each file against its name.
+    """
+    problems = []
+    for (digest,) in db.execute("SELECT DISTINCT sha256 FROM adapter_versions").fetchall():
+        path = adapters_dir / f"{digest}.gguf"
+        if not path.is_file():
+            problems.append((digest, f"{path} is missing"))
+        elif path.stat().st_size == 0:
+            problems.append((digest, f"{path} is empty"))
+        elif deep and sha256_file(path) != digest:
+            problems.append((digest, f"{path} does not match its hash (damaged or replaced)"))
+    return problems
+
+
+def delete_version(db: Database, version_id: str) -> AdapterVersion:
+    """Remove a version row that nothing depends on (an imported plugin being removed).
+
+    Learned versions are kept forever for rollback; this is only for versions that are not
+    deployed and have no descendants. Its tags go with it; its file stays until a collection.
+    """
+    version = get(db, version_id)
+    if db.execute("SELECT 1 FROM deployments WHERE version_id = ?", [version_id]).fetchone():
+        raise InvalidInputError(
+            f"version {version_id} is deployed for {version.slot} on {version.base_model}; roll it back first"
+        )
+    child = db.execute("SELECT id FROM adapter_versions WHERE parent_id = ? LIMIT 1", [version_id]).fetchone()
+    if child is not None:
+        raise InvalidInputError(f"version {child[0]} was built on version {version_id}; it cannot be removed")
+    db.execute("DELETE FROM adapter_tags WHERE version_id = ?", [version_id])
+    db.execute("DELETE FROM adapter_versions WHERE id = ?", [version_id])
+    return version
+
+
+# --------------------------------------------------------------------- plugins
+def add_plugin(
+    db: Database,
+    *,
+    name: str,
+    version_id: str,
+    slot: str,
+    new_expert: bool,
+    base_model: str,
+    format: str,
+    validated: bool,
+    source: str,
+    manifest: Mapping[str, Any],
+) -> None:
+    if db.execute("SELECT 1 FROM plugins WHERE name = ?", [name]).fetchone():
+        raise InvalidInputError(f"a plugin named {name!r} is already imported; remove it first")
+    db.execute(
+        "INSERT INTO plugins (name, version_id, slot, new_expert, base_model, format, validated, source,"
+        " manifest, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        [
+            name,
+            version_id,
+            slot,
+            int(new_expert),
+            base_model,
+            format,
+            int(validated),
+            source,
+            json.dumps(dict(manifest), sort_keys=True),
+            now_iso(),
+        ],
+    )
+
+
+_PLUGIN_SELECT = (
+    "SELECT p.*, v.sha256, v.path, v.rank, v.status FROM plugins p JOIN adapter_versions v ON v.id = p.version_id"
+)
+
+
+def _plugin(row: Mapping[str, Any]) -> Plugin:
+    data = dict(row)
+    data["manifest"] = json.loads(data["manifest"])
+    data["new_expert"] = bool(data["new_expert"])
+    data["validated"] = bool(data["validated"])
+    return Plugin(**data)
+
+
+def plugins(db: Database) -> list[Plugin]:
+    return [_plugin(r) for r in db.query(f"{_PLUGIN_SELECT} ORDER BY p.name")]
+
+
+def get_plugin(db: Database, name: str) -> Plugin:
+    row = next(db.query(f"{_PLUGIN_SELECT} WHERE p.name = ?", [name]), None)
+    if row is None:
+        raise InvalidInputError(f"no plugin named {name!r} (see `macaron plugins list`)")
+    return _plugin(row)
+
+
+def remove_plugin(db: Database, name: str) -> Plugin:
+    """Forget a plugin and its version; the caller collects its file if nothing else uses it."""
+    plugin = get_plugin(db, name)
+    db.execute("DELETE FROM plugins WHERE name = ?", [name])
+    delete_version(db, plugin.version_id)
+    return plugin
