@@ -190,6 +190,21 @@ def test_kl_ignores_padding() -> None:
     assert padded.item() == pytest.approx(clean.item())
 
 
+def test_kl_caps_each_token_so_one_far_token_cannot_explode_the_step() -> None:
+    """A token the policy pushed 8 nats below the reference: k3 = e^8 - 9, about 2972; capped at 10
+    it weighs like any strongly moved token, and it stops pulling (zero gradient)."""
+    logp = t([[-9.0, -1.0]], grad=True)
+    ref = t([[-1.0, -1.5]])
+    mask = t([[1, 1]])
+    capped = kl_to_reference(logp, ref, mask)
+    uncapped = kl_to_reference(logp, ref, mask, token_cap=None)
+    small = math.exp(-0.5) + 0.5 - 1
+    assert uncapped.item() == pytest.approx((math.exp(8) - 9 + small) / 2)
+    assert capped.item() == pytest.approx((10 + small) / 2)
+    capped.backward()
+    assert logp.grad[0, 0].item() == 0.0 and logp.grad[0, 1].item() != 0.0
+
+
 def test_kl_gradcheck_float64() -> None:
     ref = t([[-1.0, -2.0, -0.5], [-0.1, -3.0, -1.0]])
     logp = (ref + t([[0.3, -0.7, 0.0], [1.2, 0.1, -0.4]])).requires_grad_(True)

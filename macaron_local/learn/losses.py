@@ -1,5 +1,6 @@
-"""The learning objectives, as pure functions of tensors: no model, no I/O, so each one is
-tested on a few hand-made numbers and any backend can call it.
+"""The learning objectives, as pure functions of arrays: no model, no I/O, so each one is
+tested on a few hand-made numbers and any backend can call it. They take torch tensors or MLX
+arrays alike (`arrays.ops_for` supplies the library's spelling of each operation).
 
 Shapes: B sequences of T tokens. `logp` tensors are per-token log-probabilities of the tokens
 actually in the sequence, (B, T), as `sequence_logprobs` returns them. `mask` is (B, T), 1 on
@@ -16,36 +17,41 @@ any `exp`, so they can never turn the loss or its gradient into NaN.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import Any
+
+from macaron_local.learn.arrays import ops_for
+
+Array = Any  # a torch.Tensor or an mlx.core.array
 
 
-def _valid(mask: torch.Tensor) -> torch.Tensor:
+def _valid(mask: Array) -> Array:
     return mask != 0
 
 
-def _token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _token_mean(values: Array, mask: Array) -> Array:
     """sum(mask * values) / sum(mask), with masked values dropped (not multiplied: 0 * inf is NaN).
     An all-padding batch gives 0 rather than 0 / 0."""
-    weights = mask.to(values.dtype)
-    total = torch.where(_valid(mask), values * weights, torch.zeros_like(values)).sum()
-    return total / weights.sum().clamp(min=1.0)
+    ops = ops_for(values)
+    weights = ops.cast_like(mask, values)
+    total = ops.where(_valid(mask), values * weights, ops.zeros_like(values)).sum()
+    return total / ops.clip(weights.sum(), 1.0, None)
 
 
-def sequence_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def sequence_logprobs(logits: Array, targets: Array, mask: Array) -> Array:
     """Per-token log-probabilities of `targets`: log_softmax(logits)[b, t, targets[b, t]].
 
     logits (B, T, V) are already aligned with targets (B, T): logits[:, t] predicts targets[:, t]
     (shift by one before calling). Masked positions come back as exactly 0, and their target ids
     are never used as indices, so padding with -100 is fine.
     """
+    ops = ops_for(logits)
     valid = _valid(mask)
-    safe_targets = torch.where(valid, targets, torch.zeros_like(targets))
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, safe_targets.unsqueeze(-1)).squeeze(-1)
-    return torch.where(valid, logp, torch.zeros_like(logp))
+    safe_targets = ops.where(valid, targets, ops.zeros_like(targets))
+    logp = ops.take_last_axis(ops.log_softmax(logits, axis=-1), safe_targets)
+    return ops.where(valid, logp, ops.zeros_like(logp))
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: Array, eps: float = 1e-6) -> Array:
     """GRPO advantages: A_i = (r_i - mean(r)) / (std(r) + eps) within each group (the last axis).
 
     rewards is (G,) for one group or (B, G) for B groups of G samples of the same prompt. The std
@@ -53,22 +59,23 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     rewards are all equal carries no preference between its samples: it gets exactly 0, not the
     rounding noise of r - mean(r) divided by eps.
     """
-    centred = rewards - rewards.mean(dim=-1, keepdim=True)
-    std = rewards.std(dim=-1, correction=0, keepdim=True)
+    ops = ops_for(rewards)
+    centred = rewards - ops.mean(rewards, axis=-1, keepdims=True)
+    std = ops.std(rewards, axis=-1, keepdims=True)
     advantages = centred / (std + eps)
-    all_equal = (rewards == rewards[..., :1]).all(dim=-1, keepdim=True)
-    return torch.where(all_equal, torch.zeros_like(advantages), advantages)
+    all_equal = ops.all(rewards == rewards[..., :1], axis=-1, keepdims=True)
+    return ops.where(all_equal, ops.zeros_like(advantages), advantages)
 
 
 def policy_gradient_loss(
-    logp: torch.Tensor,
-    logp_old: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
+    logp: Array,
+    logp_old: Array,
+    advantages: Array,
+    mask: Array,
     clip_eps: float = 0.2,
-    sampler_logp: torch.Tensor | None = None,
+    sampler_logp: Array | None = None,
     is_cap: float = 2.0,
-) -> torch.Tensor:
+) -> Array:
     """PPO/GRPO clipped surrogate, token mean over the batch (to minimise):
 
         ratio_t = exp(logp_t - logp_old_t)
@@ -87,34 +94,34 @@ def policy_gradient_loss(
     importance weight w_t (TIS). Truncating at `is_cap` bounds the variance, in particular for
     off-policy tokens such as a user's correction, which the sampler would rarely produce.
     """
+    ops = ops_for(logp)
     valid = _valid(mask)
-    if advantages.dim() == logp.dim() - 1:
-        advantages = advantages.unsqueeze(-1)
-    advantages = advantages.detach().to(logp.dtype).expand_as(logp)
-    log_ratio = torch.where(valid, logp - logp_old.detach(), torch.zeros_like(logp))
-    ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if advantages.ndim == logp.ndim - 1:
+        advantages = ops.expand_dims(advantages, -1)
+    advantages = ops.broadcast_like(ops.cast_like(ops.stop_gradient(advantages), logp), logp)
+    log_ratio = ops.where(valid, logp - ops.stop_gradient(logp_old), ops.zeros_like(logp))
+    ratio = ops.exp(log_ratio)
+    clipped = ops.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    per_token = -ops.minimum(ratio * advantages, clipped * advantages)
     if sampler_logp is not None:
         per_token = per_token * truncated_importance_weight(logp_old, sampler_logp, mask, is_cap)
     return _token_mean(per_token, mask)
 
 
-def truncated_importance_weight(
-    logp_old: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, is_cap: float = 2.0
-) -> torch.Tensor:
+def truncated_importance_weight(logp_old: Array, sampler_logp: Array, mask: Array, is_cap: float = 2.0) -> Array:
     """w_t = min(exp(logp_old_t - sampler_logp_t), is_cap), detached; 0 on masked positions.
 
     The trainer/sampler correction `policy_gradient_loss` applies; exposed so a trainer can
     log how often the cap is hit (a sign the exported adapter and the trainer disagree).
     """
+    ops = ops_for(logp_old)
     valid = _valid(mask)
-    log_w = torch.where(valid, logp_old.detach() - sampler_logp.detach(), torch.zeros_like(logp_old))
-    weight = torch.exp(log_w).clamp(max=is_cap)
-    return torch.where(valid, weight, torch.zeros_like(weight)).to(logp_old.dtype)
+    log_w = ops.where(valid, ops.stop_gradient(logp_old) - ops.stop_gradient(sampler_logp), ops.zeros_like(logp_old))
+    weight = ops.clip(ops.exp(log_w), None, is_cap)
+    return ops.cast_like(ops.where(valid, weight, ops.zeros_like(weight)), logp_old)
 
 
-def kl_to_reference(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def kl_to_reference(logp: Array, logp_ref: Array, mask: Array, token_cap: float | None = 10.0) -> Array:
     """KL(policy || reference), the k3 estimator on the policy's own tokens, token mean:
 
         d_t = logp_ref_t - logp_t,    k3_t = exp(d_t) - d_t - 1  (>= 0, = 0 iff d_t = 0)
@@ -122,13 +129,20 @@ def kl_to_reference(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tens
     k3 is unbiased for KL(pi || ref) on samples from pi and, unlike the plain d_t, never
     negative, so a single token cannot reward moving away from the reference. The reference
     is the base (plus the previous adapter) and is detached: it is a fixed anchor.
+
+    k3 grows like exp(d): one sampled token the policy has since pushed far below the reference
+    (d = 6 gives 397) can dominate a whole step; that is the loss spike seen in long runs. Each
+    token's term is capped at `token_cap` (verl's "low_var_kl" does the same), so such a token
+    stops pulling rather than exploding.
     """
+    ops = ops_for(logp)
     valid = _valid(mask)
-    d = torch.where(valid, logp_ref.detach() - logp, torch.zeros_like(logp))
-    return _token_mean(torch.exp(d) - d - 1.0, mask)
+    d = ops.where(valid, ops.stop_gradient(logp_ref) - logp, ops.zeros_like(logp))
+    k3 = ops.exp(d) - d - 1.0
+    return _token_mean(k3 if token_cap is None else ops.clip(k3, None, token_cap), mask)
 
 
-def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def sft_loss(logp: Array, mask: Array) -> Array:
     """Supervised fine-tuning: mean negative log-likelihood over valid tokens, -sum(mask*logp)/sum(mask).
 
     Used on a correction directly: the one signal that still teaches when the policy never
@@ -138,12 +152,12 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def dpo_loss(
-    chosen_logp: torch.Tensor,
-    rejected_logp: torch.Tensor,
-    ref_chosen_logp: torch.Tensor,
-    ref_rejected_logp: torch.Tensor,
+    chosen_logp: Array,
+    rejected_logp: Array,
+    ref_chosen_logp: Array,
+    ref_rejected_logp: Array,
     beta: float = 0.1,
-) -> torch.Tensor:
+) -> Array:
     """Direct preference optimisation on (chosen, rejected) pairs, mean over pairs:
 
         loss = -log sigmoid(beta * ((c - ref_c) - (r - ref_r)))
@@ -152,5 +166,6 @@ def dpo_loss(
     (`sequence_logprobs(...).sum(-1)`). A correction is such a pair: the user's edit is
     chosen, the original reply rejected. The reference terms are detached.
     """
-    margin = (chosen_logp - ref_chosen_logp.detach()) - (rejected_logp - ref_rejected_logp.detach())
-    return -F.logsigmoid(beta * margin).mean()
+    ops = ops_for(chosen_logp)
+    margin = (chosen_logp - ops.stop_gradient(ref_chosen_logp)) - (rejected_logp - ops.stop_gradient(ref_rejected_logp))
+    return -ops.log_sigmoid(beta * margin).mean()
