@@ -154,3 +154,10 @@ def permute_llama_qk_rows(b: np.ndarray, n_head: int) -> np.ndarray:
     out = b.shape[0]
     head_dim = out // n_head
     return b.reshape(n_head, 2, head_dim // 2, *b.shape[1:]).swapaxes(1, 2).reshape(b.shape)
+
+
+def unpermute_llama_qk_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of `permute_llama_qk_rows`: GGUF row order back to the HF checkpoint's, for
+    a trainer that loads a llama GGUF into HF-layout modules."""
+    head_dim = rows.shape[0] // n_head
+    return rows.reshape(n_head, head_dim // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)

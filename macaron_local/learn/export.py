@@ -71,8 +71,8 @@ def parity_check(
             engine_tuned = engine.token_logprobs(prompt, completion)
             batch = make_batch([prompt], [completion])
             mask = np.asarray(batch.mask[0]) > 0
-            tuned = backend.logprobs(batch).detach().double().cpu().numpy()[0][mask]
-            base = backend.reference_logprobs(batch).detach().double().cpu().numpy()[0][mask]
+            tuned = backend.to_numpy(backend.logprobs(batch))[0][mask]
+            base = backend.to_numpy(backend.reference_logprobs(batch))[0][mask]
             diffs.append(np.abs((engine_tuned - engine_base) - (tuned - base)))
     finally:
         engine.set_adapters(previous)

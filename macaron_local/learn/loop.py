@@ -19,9 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.engine import AdapterHandle, Engine, GenerationParams
-from macaron_local.learn.backends.base import TrainerBackend, make_batch
+from macaron_local.learn import losses
+from macaron_local.learn.arrays import ops_for
+from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, make_batch
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
 from macaron_local.learn.rewards import preference_reward
@@ -45,6 +49,7 @@ class LearnConfig:
     is_cap: float = 2.0
     refresh_every: int = 6
     seed: int = 0
+    backend: str = "auto"  # auto | torch | mlx
 
 
 @dataclass
@@ -85,6 +90,44 @@ def completion_tokens(engine: Engine, messages: Sequence[dict[str, str]], reply:
     return prompt, full[len(prompt) :]
 
 
+def grpo_objective(
+    batch: Batch,
+    sampler: Sequence[Sequence[float]],
+    rewards: Sequence[Sequence[float]],
+    is_correction: Sequence[bool],
+    config: LearnConfig,
+    backend: TrainerBackend,
+) -> Objective:
+    """The step's loss as a function of the trainer's log-probabilities: clipped policy gradient
+    with group advantages and truncated importance weights against the sampler (llama.cpp),
+    + beta * KL to the reference + sft_weight * NLL of the corrections (their rows only)."""
+    mask = np.asarray(batch.mask, dtype=np.float32)
+    sampler_logp = np.zeros_like(mask)
+    for row, values in enumerate(sampler):
+        positions = np.flatnonzero(mask[row])[: len(values)]
+        sampler_logp[row, positions] = values[: len(positions)]
+    correction_mask = mask * np.asarray(is_correction, dtype=np.float32)[:, None]
+    sampler_arr, correction_arr = backend.asarray(sampler_logp), backend.asarray(correction_mask)
+    advantages = losses.group_advantages(backend.asarray(np.asarray(rewards, dtype=np.float32))).flatten()
+
+    def objective(logp, reference, mask_arr):
+        ops = ops_for(logp)
+        policy = losses.policy_gradient_loss(
+            logp,
+            ops.stop_gradient(logp),
+            advantages,
+            mask_arr,
+            config.clip_eps,
+            sampler_logp=sampler_arr,
+            is_cap=config.is_cap,
+        )
+        kl = losses.kl_to_reference(logp, reference, mask_arr)
+        sft = losses.sft_loss(logp, correction_arr)
+        return policy + config.kl_beta * kl + config.sft_weight * sft, {"policy": policy, "kl": kl, "sft": sft}
+
+    return objective
+
+
 def train(
     backend: TrainerBackend,
     engine: Engine,
@@ -100,9 +143,6 @@ def train(
 ) -> TrainResult:
     """Train the backend's LoRA on `episodes`; the engine samples under `frozen` (the expert)
     plus the current rollout adapter."""
-    from macaron_local.learn import losses
-
-    torch = backend.torch  # type: ignore[attr-defined]
     rng = random.Random(config.seed)
     usable = [e for e in episodes if e.chosen]
     if not usable:
@@ -145,31 +185,16 @@ def train(
 
         trained = time.perf_counter()
         batch = make_batch(prompts, completions)
-        mask = backend.mask(batch)
-        logp = backend.logprobs(batch)
-        reference = backend.reference_logprobs(batch)
-        sampler_logp = torch.zeros_like(logp)
-        for row, values in enumerate(sampler):
-            positions = mask[row].nonzero().flatten()[: len(values)]
-            sampler_logp[row, positions] = torch.tensor(values, dtype=logp.dtype)
-        advantages = losses.group_advantages(torch.tensor(rewards, dtype=logp.dtype)).flatten()
-        policy = losses.policy_gradient_loss(
-            logp, logp.detach(), advantages, mask, config.clip_eps, sampler_logp=sampler_logp, is_cap=config.is_cap
-        )
-        kl = losses.kl_to_reference(logp, reference, mask)
-        correction_rows = torch.tensor(is_correction)
-        sft = losses.sft_loss(logp[correction_rows], mask[correction_rows])
-        loss = policy + config.kl_beta * kl + config.sft_weight * sft
-        backend.step(loss)
-        tokens = int(mask.sum())
+        outcome = backend.train_step(batch, grpo_objective(batch, sampler, rewards, is_correction, config, backend))
+        tokens = batch.n_tokens
         result.trainer_seconds += time.perf_counter() - trained
         result.trainer_tokens += tokens
         log = StepLog(
             step=step,
-            loss=float(loss.detach()),
-            policy=float(policy.detach()),
-            kl=float(kl.detach()),
-            sft=float(sft.detach()),
+            loss=outcome.loss,
+            policy=outcome.parts["policy"],
+            kl=outcome.parts["kl"],
+            sft=outcome.parts["sft"],
             reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
             trainer_tokens=tokens,
             seconds=time.perf_counter() - started,

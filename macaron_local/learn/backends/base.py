@@ -7,10 +7,12 @@ template and tokenizer, so the trainer scores exactly the sequence llama.cpp gen
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -47,23 +49,65 @@ def make_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[
     return Batch(input_ids, targets, mask)
 
 
+#: An objective: (logp with LoRA, reference logp, mask) -> (loss to minimise, named parts to log).
+#: Built from `losses`, it runs unchanged on any backend's arrays.
+Objective = Callable[[Any, Any, Any], tuple[Any, Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    loss: float
+    parts: dict[str, float]
+    grad_norm: float
+
+
 class TrainerBackend(Protocol):
     name: str
 
     def load(self, base_gguf: Path, checkpoint: str | None = None) -> None:
         """Load the base model: from the GGUF the engine runs, or a checkpoint the manifest names."""
 
+    def linear_weight_names(self) -> list[str]:
+        """HF names of the base's linear weights (`model.layers.0.self_attn.q_proj.weight`, ...)."""
+
+    def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
+        """Add frozen deltas (the slot's expert adapter) to base weights, before `add_lora`."""
+
     def add_lora(self, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> None:
         """Wrap every linear layer (attention and MLP) with a LoRA whose B starts at zero."""
 
     def logprobs(self, batch: Batch) -> Any:
-        """Per-token log-probabilities (B, T) of `batch.targets` under base + LoRA, with gradients."""
+        """Per-token log-probabilities (B, T) of `batch.targets` under base + LoRA (0 before the
+        first completion position, which is never scored)."""
 
     def reference_logprobs(self, batch: Batch) -> Any:
-        """The same under the base alone (LoRA scale 0): the KL reference, no gradients."""
+        """The same under the base alone (LoRA off): the KL reference, no gradients."""
 
-    def step(self, loss: Any) -> float:
-        """Backpropagate `loss`, clip, take an optimizer step; returns the gradient norm."""
+    def asarray(self, values: np.ndarray) -> Any:
+        """Numbers as this backend's float array (on its device)."""
+
+    def to_numpy(self, values: Any) -> np.ndarray:
+        """A backend array as float64 numpy."""
+
+    def train_step(self, batch: Batch, objective: Objective, with_reference: bool = True) -> StepOutcome:
+        """One optimizer step on `objective` (gradients clipped to norm 1)."""
+
+    def gradients(self, batch: Batch, objective: Objective) -> dict[str, np.ndarray]:
+        """The objective's gradient for every LoRA parameter, without stepping (for checks)."""
+
+    def lora_weights(self) -> dict[str, np.ndarray]:
+        """Every LoRA parameter by name, as numpy."""
+
+    def set_lora_weight(self, name: str, values: np.ndarray) -> None:
+        """Overwrite one LoRA parameter (tests, finite differences)."""
 
     def save_peft(self, directory: Path) -> Path:
         """Write the LoRA as a PEFT directory (adapter_config.json + adapter_model.safetensors)."""
+
+
+def first_scored_position(batch: Batch) -> int:
+    """The earliest position any row scores: logits before it are never needed, so a backend
+    computes the output layer (vocab-sized, the most expensive matmul of a small model) only
+    from there on."""
+    firsts = [next(i for i, m in enumerate(row) if m) for row in batch.mask if any(row)]
+    return min(firsts) if firsts else 0

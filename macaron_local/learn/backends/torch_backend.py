@@ -9,10 +9,13 @@ same path Macaron's published experts take, tested end to end against a numpy re
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+
 from macaron_local.errors import MacaronError
-from macaron_local.learn.backends.base import Batch
+from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, first_scored_position
 
 
 def _require_torch():
@@ -47,7 +50,7 @@ class TorchBackend:
         hf_logging.disable_progress_bar()
         base_gguf = Path(base_gguf)
         source = (
-            {"pretrained_model_name_or_path": checkpoint}
+            {"pretrained_model_name_or_path": checkpoint, "local_files_only": True}
             if checkpoint
             else {
                 "pretrained_model_name_or_path": str(base_gguf.parent),
@@ -59,10 +62,21 @@ class TorchBackend:
         except (ValueError, OSError, KeyError) as exc:
             raise MacaronError(
                 f"transformers cannot load {checkpoint or base_gguf} for training ({exc}); "
-                "name a checkpoint of the same base in the model's manifest"
+                "name a checkpoint of the same base in the model's manifest ([training] checkpoint) "
+                "and download it once with `hf download <checkpoint>`"
             ) from None
         self.model = model.to(self.device)
         self.model.config.use_cache = False
+
+    def linear_weight_names(self) -> list[str]:
+        linear = self.torch.nn.Linear
+        return [f"{name}.weight" for name, module in self.model.named_modules() if isinstance(module, linear)]
+
+    def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
+        with self.torch.no_grad():
+            for name, delta in deltas.items():
+                weight = self.model.get_parameter(name)
+                weight += self.torch.from_numpy(np.asarray(delta)).to(weight.device, weight.dtype)
 
     def add_lora(self, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> None:
         from peft import LoraConfig, get_peft_model
@@ -73,20 +87,25 @@ class TorchBackend:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.torch.optim.AdamW(trainable, lr=self.lr, weight_decay=0.0)
 
-    def _tensors(self, batch: Batch):
+    def asarray(self, values: np.ndarray):
+        return self.torch.as_tensor(np.asarray(values), dtype=self.torch.float32, device=self.device)
+
+    def to_numpy(self, values) -> np.ndarray:
+        return values.detach().double().cpu().numpy()
+
+    def logprobs(self, batch: Batch):
+        """Only positions from the first scored one get logits (`logits_to_keep`): the prompt's
+        output-layer rows are never used, and skipping them is most of a small model's step."""
         torch = self.torch
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
         targets = torch.tensor(batch.targets, dtype=torch.long, device=self.device)
-        mask = torch.tensor(batch.mask, dtype=torch.float32, device=self.device)
-        return ids, targets, mask
-
-    def logprobs(self, batch: Batch):
-        ids, targets, _ = self._tensors(batch)
-        attention = self.torch.arange(ids.shape[1], device=self.device)[None, :] < self._lengths(batch)[:, None]
-        logits = self.model(input_ids=ids, attention_mask=attention.long()).logits
-        if logits.dtype in (self.torch.float16, self.torch.bfloat16):
+        start = first_scored_position(batch)
+        attention = torch.arange(ids.shape[1], device=self.device)[None, :] < self._lengths(batch)[:, None]
+        logits = self.model(input_ids=ids, attention_mask=attention.long(), logits_to_keep=ids.shape[1] - start).logits
+        if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()  # log_softmax in at least float32
-        return self.torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        scored = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, start:].unsqueeze(-1)).squeeze(-1)
+        return torch.cat([scored.new_zeros(scored.shape[0], start), scored], dim=1)
 
     def _lengths(self, batch: Batch):
         """Real (unpadded) lengths: the last scored position + 1, or the prompt length."""
@@ -101,12 +120,59 @@ class TorchBackend:
             return self.logprobs(batch)
 
     def mask(self, batch: Batch):
-        return self._tensors(batch)[2]
+        return self.asarray(np.asarray(batch.mask, dtype=np.float32))
+
+    def _loss(self, batch: Batch, objective: Objective, with_reference: bool = True):
+        mask = self.mask(batch)
+        logp = self.logprobs(batch)
+        reference = self.reference_logprobs(batch) if with_reference else logp.detach()
+        return objective(logp, reference, mask)
+
+    def _trainable(self) -> list:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def train_step(self, batch: Batch, objective: Objective, with_reference: bool = True) -> StepOutcome:
+        loss, parts = self._loss(batch, objective, with_reference)
+        loss.backward()
+        norm = float(self.torch.nn.utils.clip_grad_norm_(self._trainable(), 1.0))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutcome(float(loss.detach()), {k: float(v.detach()) for k, v in parts.items()}, norm)
+
+    def gradients(self, batch: Batch, objective: Objective) -> dict[str, np.ndarray]:
+        self.model.zero_grad(set_to_none=True)
+        loss, _ = self._loss(batch, objective)
+        loss.backward()
+        grads = {
+            self._short(n): p.grad.detach().double().cpu().numpy()
+            for n, p in self.model.named_parameters()
+            if p.requires_grad and p.grad is not None
+        }
+        self.model.zero_grad(set_to_none=True)
+        return grads
+
+    @staticmethod
+    def _short(name: str) -> str:
+        """peft's `base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight` ->
+        `model.layers.0.self_attn.q_proj.lora_A`: the same names on every backend."""
+        return name.removeprefix("base_model.model.").replace(".default.weight", "")
+
+    def lora_weights(self) -> dict[str, np.ndarray]:
+        named = self.model.named_parameters()
+        return {self._short(n): p.detach().double().cpu().numpy() for n, p in named if p.requires_grad}
+
+    def set_lora_weight(self, name: str, values: np.ndarray) -> None:
+        for full, param in self.model.named_parameters():
+            if param.requires_grad and self._short(full) == name:
+                with self.torch.no_grad():
+                    param.copy_(self.torch.as_tensor(np.asarray(values), dtype=param.dtype))
+                return
+        raise KeyError(name)
 
     def step(self, loss) -> float:
+        """Backpropagate an already computed loss and step (a plain training loop's step)."""
         loss.backward()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = float(self.torch.nn.utils.clip_grad_norm_(params, 1.0))
+        norm = float(self.torch.nn.utils.clip_grad_norm_(self._trainable(), 1.0))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm

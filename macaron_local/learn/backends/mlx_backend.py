@@ -1,0 +1,216 @@
+"""The MLX backend: mlx-lm's model definitions and LoRA layers, on Apple silicon (Metal) or the
+CPU build of MLX (Linux, for tests).
+
+mlx-lm loads Hugging Face checkpoints, not GGUF, so the base is rebuilt from the same GGUF the
+engine runs: the config from its metadata and the dequantized weights through gguf-py's name
+map (`gguf_weights`). The KL reference is the same model with every LoRA's scale set to 0, so
+the base exists once in memory. Export writes a PEFT directory (A = lora_a^T, B = lora_b^T,
+alpha = scale * rank) and goes through the same PEFT->GGUF converter as the torch backend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from macaron_local.errors import MacaronError
+from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, first_scored_position
+from macaron_local.learn.backends.gguf_weights import hf_config, load_hf_weights
+
+PEFT_PREFIX = "base_model.model."
+
+
+def _require_mlx():
+    try:
+        import mlx.core as mx
+        import mlx_lm  # noqa: F401
+    except ImportError:
+        raise MacaronError(
+            "learning with the mlx backend needs MLX: pip install 'macaron-local[mlx]' (Apple silicon; "
+            "on Linux, mlx[cpu])"
+        ) from None
+    return mx
+
+
+class MlxBackend:
+    name = "mlx"
+
+    def __init__(self, lr: float = 1e-4, dtype: str = "float32") -> None:
+        self.mx = _require_mlx()
+        self.lr = lr
+        self.dtype = getattr(self.mx, dtype)
+        self.model = None
+        self.optimizer = None
+        self.rank = 0
+        self.scale = 0.0
+        self._lora: dict[str, object] = {}
+
+    def load(self, base_gguf: Path, checkpoint: str | None = None) -> None:
+        import mlx.nn as nn
+        from mlx.utils import tree_flatten
+        from mlx_lm.utils import _get_classes
+
+        if checkpoint:
+            from huggingface_hub import snapshot_download
+            from huggingface_hub.errors import LocalEntryNotFoundError
+            from mlx_lm.utils import load_model
+
+            try:  # the local cache only: learning never downloads
+                local = (
+                    Path(checkpoint)
+                    if Path(checkpoint).is_dir()
+                    else Path(snapshot_download(checkpoint, local_files_only=True))
+                )
+            except LocalEntryNotFoundError:
+                raise MacaronError(
+                    f"the trainer needs {checkpoint} on this machine; download it once with `hf download {checkpoint}`"
+                ) from None
+            self.model, self.config = load_model(local)
+        else:
+            self.config = hf_config(Path(base_gguf))
+            model_class, args_class = _get_classes(self.config)
+            model = model_class(args_class.from_dict(self.config))
+            names = [name for name, _ in tree_flatten(model.parameters())]
+            weights = load_hf_weights(Path(base_gguf), names)
+            model.load_weights([(k, self.mx.array(v)) for k, v in weights.items()], strict=True)
+            self.model = model
+        self.model.set_dtype(self.dtype)
+        self.model.freeze()
+        self.mx.eval(self.model.parameters())
+        self._nn = nn
+
+    def linear_weight_names(self) -> list[str]:
+        return [f"{name}.weight" for name, module in self.model.named_modules() if isinstance(module, self._nn.Linear)]
+
+    def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
+        from mlx.utils import tree_flatten, tree_unflatten
+
+        current = dict(tree_flatten(self.model.parameters()))
+        updated = [(n, current[n] + self.mx.array(np.asarray(d)).astype(current[n].dtype)) for n, d in deltas.items()]
+        self.model.update(tree_unflatten(updated))
+        self.mx.eval(self.model.parameters())
+
+    def add_lora(self, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> None:
+        import mlx.optimizers as optim
+        from mlx_lm.tuner.lora import LoRALinear
+        from mlx_lm.tuner.utils import linear_to_lora_layers
+
+        self.mx.random.seed(seed)
+        self.rank, self.scale = rank, alpha / rank
+        layers = len(self.model.layers)
+        linear_to_lora_layers(self.model, layers, {"rank": rank, "scale": self.scale, "dropout": 0.0})
+        self._lora = {name: m for name, m in self.model.named_modules() if isinstance(m, LoRALinear)}
+        self.model.set_dtype(self.dtype)
+        self.optimizer = optim.AdamW(learning_rate=self.lr, weight_decay=0.0)
+
+    def asarray(self, values: np.ndarray):
+        return self.mx.array(np.asarray(values, dtype=np.float32)).astype(self.dtype)
+
+    def to_numpy(self, values) -> np.ndarray:
+        if values.dtype in (self.mx.float16, self.mx.bfloat16):
+            values = values.astype(self.mx.float32)
+        return np.array(values, dtype=np.float64)
+
+    def _forward_logprobs(self, model, batch: Batch):
+        """Hidden states for every position, the output layer only from the first scored one."""
+        mx = self.mx
+        ids = mx.array(np.asarray(batch.input_ids, dtype=np.int32))
+        targets = mx.array(np.asarray(batch.targets, dtype=np.int32))
+        start = first_scored_position(batch)
+        hidden = model.model(ids)[:, start:, :]
+        if getattr(model.args, "tie_word_embeddings", False):
+            logits = model.model.embed_tokens.as_linear(hidden)
+        else:
+            logits = model.lm_head(hidden)
+        if logits.dtype in (mx.float16, mx.bfloat16):
+            logits = logits.astype(mx.float32)  # log_softmax in at least float32
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        scored = mx.take_along_axis(logp, mx.expand_dims(targets[:, start:], -1), axis=-1).squeeze(-1)
+        return mx.concatenate([mx.zeros((scored.shape[0], start), dtype=scored.dtype), scored], axis=1)
+
+    def logprobs(self, batch: Batch):
+        return self._forward_logprobs(self.model, batch)
+
+    def reference_logprobs(self, batch: Batch):
+        for layer in self._lora.values():
+            layer.scale = 0.0
+        try:
+            return self.mx.stop_gradient(self._forward_logprobs(self.model, batch))
+        finally:
+            for layer in self._lora.values():
+                layer.scale = self.scale
+
+    def mask(self, batch: Batch):
+        return self.asarray(np.asarray(batch.mask, dtype=np.float32))
+
+    def _value_and_grad(self, batch: Batch, objective: Objective, with_reference: bool = True):
+        mask = self.mask(batch)
+        reference = self.reference_logprobs(batch) if with_reference else None
+        parts_out: dict = {}
+
+        def loss_fn(model):
+            logp = self._forward_logprobs(model, batch)
+            loss, parts = objective(logp, reference if reference is not None else self.mx.stop_gradient(logp), mask)
+            parts_out.update(parts)
+            return loss
+
+        loss, grads = self._nn.value_and_grad(self.model, loss_fn)(self.model)
+        return loss, grads, parts_out
+
+    def train_step(self, batch: Batch, objective: Objective, with_reference: bool = True) -> StepOutcome:
+        import mlx.optimizers as optim
+
+        loss, grads, parts = self._value_and_grad(batch, objective, with_reference)
+        grads, norm = optim.clip_grad_norm(grads, 1.0)
+        self.optimizer.update(self.model, grads)
+        self.mx.eval(self.model.parameters(), self.optimizer.state, loss, *parts.values())
+        return StepOutcome(float(loss), {k: float(v) for k, v in parts.items()}, float(norm))
+
+    def gradients(self, batch: Batch, objective: Objective) -> dict[str, np.ndarray]:
+        from mlx.utils import tree_flatten
+
+        _, grads, _ = self._value_and_grad(batch, objective)
+        return {self._short(n): self.to_numpy(g) for n, g in tree_flatten(grads)}
+
+    @staticmethod
+    def _short(name: str) -> str:
+        """`model.layers.0.self_attn.q_proj.lora_a` -> `...q_proj.lora_A`: the torch backend's names.
+        (The arrays are transposed relative to torch's: mlx-lm keeps (in, r) and (r, out).)"""
+        return name.replace(".lora_a", ".lora_A").replace(".lora_b", ".lora_B")
+
+    def lora_weights(self) -> dict[str, np.ndarray]:
+        from mlx.utils import tree_flatten
+
+        return {self._short(n): self.to_numpy(v) for n, v in tree_flatten(self.model.trainable_parameters())}
+
+    def set_lora_weight(self, name: str, values: np.ndarray) -> None:
+        module, _, half = name.rpartition(".")
+        layer = self._lora[module]
+        attribute = {"lora_A": "lora_a", "lora_B": "lora_b"}[half]
+        setattr(layer, attribute, self.asarray(values))
+
+    def save_peft(self, directory: Path) -> Path:
+        from safetensors.numpy import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for module, layer in self._lora.items():
+            a = np.array(layer.lora_a.astype(self.mx.float32)).T  # (r, in)
+            b = np.array(layer.lora_b.astype(self.mx.float32)).T  # (out, r)
+            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(a)
+            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(b)
+        save_file(tensors, str(directory / "adapter_model.safetensors"))
+        config = {
+            "peft_type": "LORA",
+            "r": self.rank,
+            "lora_alpha": self.scale * self.rank,
+            "target_modules": sorted({m.rsplit(".", 1)[-1] for m in self._lora}),
+            "lora_dropout": 0.0,
+            "bias": "none",
+        }
+        (directory / "adapter_config.json").write_text(json.dumps(config, indent=2))
+        return directory
