@@ -86,6 +86,9 @@ class Manifest:
     experts: dict[str, Expert] = field(default_factory=dict)
     origin: Path | None = None
     builtin: bool = False
+    #: A Hugging Face checkpoint of the same base for the trainer, when transformers or mlx-lm
+    #: cannot rebuild the model from its GGUF (a new MoE architecture); None: train from the GGUF.
+    trainer_checkpoint: str | None = None
 
     @classmethod
     def from_toml(cls, path: Path, builtin: bool = False) -> Manifest:
@@ -109,6 +112,7 @@ class Manifest:
             experts=experts,
             origin=path,
             builtin=builtin,
+            trainer_checkpoint=data.get("training", {}).get("checkpoint"),
         )
 
     def to_toml(self) -> str:

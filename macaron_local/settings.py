@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "kv_switch": "state",  # bench/inference.py: restoring a saved KV state beats reset + re-prefill
     "system_prompt": "You are a helpful assistant.",
     "learning_paused": False,
+    "learning_backend": "auto",  # auto | torch | mlx (auto: MLX on Apple silicon, else torch)
 }
 
 

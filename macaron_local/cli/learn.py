@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 
 from macaron_local.cli.common import add_model_option, load_settings, print_json
+from macaron_local.cli.progress import ProgressBar
 from macaron_local.errors import MacaronError
+from macaron_local.learn.backends import BACKENDS, choose_backend
 from macaron_local.learn.episodes import episodes_from_store
 from macaron_local.store import open_default_store
 
@@ -22,6 +24,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=24, help="training steps per expert slot")
     parser.add_argument("--slot", action="append", help="only these slots (L0..L3); repeatable")
     parser.add_argument("--force", action="store_true", help="run even if learning is paused")
+    parser.add_argument("--backend", choices=BACKENDS, help="trainer: torch, mlx or auto (default: settings)")
     add_model_option(parser)
     parser.set_defaults(func=run)
 
@@ -96,17 +99,21 @@ def run_learning(args: argparse.Namespace) -> int:
     catalog = Catalog(settings)
     manifest = catalog.get(args.model) if args.model else catalog.default()
     slots = [normalize_slot(s) for s in args.slot] if args.slot else None
-    config = LearnConfig(steps=args.steps)
+    backend = args.backend or str(settings.get("learning_backend") or "auto")
+    config = LearnConfig(steps=args.steps, backend=choose_backend(backend))
+    bar = ProgressBar(config.steps, label=f"learning ({config.backend})")
 
     def progress(log) -> None:
-        print(
-            f"  step {log.step + 1}/{config.steps}  loss {log.loss:.3f}  kl {log.kl:.3f}  "
-            f"reward {log.reward_mean:+.3f}  {log.seconds:.1f}s",
-            flush=True,
-        )
+        bar.update(log.step + 1, f"loss {log.loss:.3f}  kl {log.kl:.3f}  reward {log.reward_mean:+.3f}")
+        if log.step + 1 == config.steps:
+            bar.finish()
+            print("evaluating the candidate against the deployed version...", flush=True)
 
     with open_default_store(settings) as store:
-        reports = learn_once(store, catalog, manifest, config, slots, on_step=progress)
+        try:
+            reports = learn_once(store, catalog, manifest, config, slots, on_step=progress)
+        finally:
+            bar.finish()
     if not reports:
         print("nothing to learn from yet: correct, rate or regenerate some replies first")
     for report in reports:

@@ -23,6 +23,7 @@ from pathlib import Path
 from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.catalog import Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Engine, EngineConfig, GenerationParams
+from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
 from macaron_local.learn.export import export_gguf, parity_check
 from macaron_local.learn.loop import LearnConfig, StepLog, completion_tokens, train
@@ -86,9 +87,11 @@ def learn_slot(
     deployed = store.deployed_adapter(slot, manifest.name)
     feedback_ids = sorted({i for e in episodes for i in e.feedback_ids})
     if backend_factory is None:
-        from macaron_local.learn.backends.torch_backend import TorchBackend
+        from macaron_local.learn.backends import make_backend
 
-        backend_factory = TorchBackend
+        def backend_factory(lr: float):
+            return make_backend(config.backend, lr)
+
     with (
         tempfile.TemporaryDirectory(prefix="macaron-learn-") as tmp,
         Engine(EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset")) as engine,
@@ -99,7 +102,9 @@ def learn_slot(
         current = [*frozen, engine.load_adapter(deployed.path)] if deployed else list(frozen)
 
         backend = backend_factory(config.lr)
-        backend.load(base_path)
+        backend.load(base_path, checkpoint=manifest.trainer_checkpoint)
+        if expert_path:  # train on top of the frozen expert, exactly as the two are served stacked
+            backend.fold_in(frozen_deltas(expert_path, base, backend.linear_weight_names()))
         backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
         result = train(backend, engine, base, train_set, config, workdir, frozen=frozen, on_step=on_step)
         candidate_file = export_gguf(backend, base, workdir / "candidate.gguf", task_name=f"{slot} personal")
