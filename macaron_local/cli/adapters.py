@@ -1,4 +1,5 @@
-"""`macaron adapters validate|convert`: check or produce GGUF LoRA adapters for a base model."""
+"""`macaron adapters validate|convert|list|show|diff|rollback`: check or produce GGUF LoRA adapters
+for a base model, and inspect or move the registry's versions of the user's own adapters."""
 
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", help="one adapter version: lineage, what it learned from, evaluations")
     show.add_argument("version")
     show.set_defaults(func=run_show)
+
+    diff = sub.add_parser("diff", help="what changed between two versions (default: a version and its parent)")
+    diff.add_argument("version", help="the newer version")
+    diff.add_argument("against", nargs="?", help="the older version (default: its parent; none: the bare expert)")
+    diff.add_argument("--json", action="store_true")
+    diff.set_defaults(func=run_diff)
 
     rollback = sub.add_parser("rollback", help="serve the previous version of an expert's personal adapter")
     rollback.add_argument("slot", help="L0, L1, L2 or L3 (or chat, agent, coding, ui)")
@@ -121,4 +128,59 @@ def run_rollback(args: argparse.Namespace) -> int:
         print(f"{slot} on {base_model} is back to the bare expert (no personal adapter)")
     else:
         print(f"{slot} on {base_model} now serves {restored.id}")
+    return 0
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from macaron_local.adapters.diff import diff_adapters
+    from macaron_local.store import open_default_store
+
+    settings = load_settings()
+    with open_default_store(settings) as store:
+        new = store.adapter_version(args.version)
+        against = args.against or new.parent_id
+        old = store.adapter_version(against) if against else None
+    catalog = Catalog(settings)
+    base = BaseModelInfo.from_gguf(catalog.base_path(catalog.get(new.base_model)))
+    for version in (v for v in (old, new) if v is not None):
+        validate_adapter(version.path, base)  # a damaged file gets one line, never a crash
+    weights = diff_adapters(old.path if old else None, new.path)
+    old_feedback = set(old.feedback_ids) if old else set()
+    keys = sorted(set(new.evaluations) | set(old.evaluations if old else {}))
+    evaluations = {
+        k: [old.evaluations.get(k) if old else None, new.evaluations.get(k)]
+        for k in keys
+        if not isinstance(new.evaluations.get(k), list)
+    }
+    report = {
+        "version": new.id,
+        "against": old.id if old else None,
+        "slot": new.slot,
+        "feedback_added": sorted(set(new.feedback_ids) - old_feedback),
+        "feedback_removed": sorted(old_feedback - set(new.feedback_ids)),
+        "evaluations": evaluations,
+        "norm_old": weights.norm_old,
+        "norm_new": weights.norm_new,
+        "distance": weights.distance,
+        "tensors": [vars(c) for c in weights.changes],
+    }
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"{new.id} ({new.slot}, {new.status}) against " + (f"{old.id} ({old.status})" if old else "the bare expert"))
+    print(
+        f"learned from {len(new.feedback_ids)} feedback row(s): "
+        f"{len(report['feedback_added'])} new, {len(report['feedback_removed'])} dropped"
+    )
+    changed = {k: v for k, v in evaluations.items() if v[0] != v[1]}
+    if changed:
+        print("evaluations:")
+        for key, (before, after) in changed.items():
+            print(f"  {key:<24} {before!s:>10} -> {after!s}")
+    share = f" ({weights.distance / weights.norm_old:.0%} of the old update)" if weights.norm_old else ""
+    norms = f"{weights.norm_old:.4g} -> {weights.norm_new:.4g}"
+    print(f"weights: update norm {norms}, changed by {weights.distance:.4g}{share}")
+    print("largest changes:")
+    for change in weights.largest(5):
+        print(f"  {change.tensor:<28} {change.norm_old:.4g} -> {change.norm_new:.4g}  (by {change.distance:.4g})")
     return 0
