@@ -1,0 +1,94 @@
+"""`macaron auth login|logout|status`: the Hugging Face token, kept in the OS keyring only.
+
+The token is read from a hidden prompt (or stdin when piped), never from the command line,
+where it would land in shell history and `ps`. It is stored with `keyring` (macOS Keychain,
+Secret Service, Windows Credential Locker) and never written to a file or printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+
+import keyring
+from keyring.errors import KeyringError, PasswordDeleteError
+
+from macaron_local import secrets
+from macaron_local.errors import InvalidInputError, MacaronError
+
+
+class KeyringUnavailableError(MacaronError):
+    """No usable OS keyring: the token cannot be kept safely."""
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("auth", help="keep a Hugging Face token in the OS keyring (for gated downloads)")
+    actions = parser.add_subparsers(dest="auth_command", metavar="ACTION", required=True)
+    login = actions.add_parser("login", help="store a token (prompted, or read from stdin)")
+    login.set_defaults(func=run_login)
+    logout = actions.add_parser("logout", help="remove the stored token")
+    logout.set_defaults(func=run_logout)
+    status = actions.add_parser("status", help="is a token stored? (never shows it)")
+    status.set_defaults(func=run_status)
+
+
+def _backend() -> str:
+    backend = keyring.get_keyring()
+    return getattr(backend, "name", type(backend).__name__)
+
+
+def _unavailable(exc: KeyringError) -> KeyringUnavailableError:
+    return KeyringUnavailableError(
+        f"no usable OS keyring ({type(exc).__name__}); unlock or install one, or set HF_TOKEN for a single shell"
+    )
+
+
+def read_token() -> str:
+    if sys.stdin is not None and sys.stdin.isatty():
+        token = getpass.getpass("Hugging Face token (input hidden): ")
+    else:
+        token = sys.stdin.readline() if sys.stdin is not None else ""
+    token = token.strip()
+    if not token:
+        raise InvalidInputError("no token given; create one at https://huggingface.co/settings/tokens")
+    if any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise InvalidInputError("that does not look like a token: it contains spaces or control characters")
+    return token
+
+
+def run_login(args: argparse.Namespace) -> int:
+    token = read_token()
+    try:
+        secrets.set_hf_token(token)
+    except KeyringError as exc:
+        raise _unavailable(exc) from None
+    print(f"token stored in the OS keyring ({_backend()})")
+    if os.environ.get("HF_TOKEN"):
+        print("note: HF_TOKEN is set in this environment and takes precedence over the stored token")
+    return 0
+
+
+def run_logout(args: argparse.Namespace) -> int:
+    try:
+        had = keyring.get_password(secrets.SERVICE, secrets.HF_TOKEN_KEY) is not None
+        if had:
+            keyring.delete_password(secrets.SERVICE, secrets.HF_TOKEN_KEY)
+    except PasswordDeleteError:
+        had = False
+    except KeyringError as exc:
+        raise _unavailable(exc) from None
+    print("token removed from the OS keyring" if had else "no token was stored")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    try:
+        stored = keyring.get_password(secrets.SERVICE, secrets.HF_TOKEN_KEY) is not None
+    except KeyringError as exc:
+        raise _unavailable(exc) from None
+    print(f"a token is stored in the OS keyring ({_backend()})" if stored else "no token is stored")
+    if os.environ.get("HF_TOKEN"):
+        print("HF_TOKEN is set in this environment; downloads use it first")
+    return 0
