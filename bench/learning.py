@@ -31,6 +31,7 @@ from pathlib import Path
 
 from macaron_local.adapters import BaseModelInfo
 from macaron_local.engine import Engine, GenerationParams
+from macaron_local.learn import losses
 from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.torch_backend import TorchBackend
 from macaron_local.learn.episodes import episodes_from_store
@@ -103,10 +104,12 @@ def trainer_vs_reference(backend: TorchBackend, engine: Engine, episodes, steps:
     hf_labels = torch.cat([torch.full_like(ids[:, :1], -100), labels], dim=1)
     optimizer = torch.optim.AdamW([p for p in backend.model.parameters() if p.requires_grad], lr=1e-5)
     ours, reference = [], []
+    def sft(logp, reference, mask):
+        return losses.sft_loss(logp, mask), {}
+
     for _ in range(steps):
         started = time.perf_counter()
-        mask = backend.mask(batch)
-        backend.step(-(backend.logprobs(batch) * mask).sum() / mask.sum())
+        backend.train_step(batch, sft, with_reference=False)
         ours.append(time.perf_counter() - started)
         started = time.perf_counter()
         loss = backend.model(input_ids=full, labels=hf_labels).loss
