@@ -32,6 +32,7 @@ from pathlib import Path
 from macaron_local.adapters import BaseModelInfo
 from macaron_local.engine import Engine, GenerationParams
 from macaron_local.learn import losses
+from macaron_local.learn.backends import choose_backend
 from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.torch_backend import TorchBackend
 from macaron_local.learn.episodes import episodes_from_store
@@ -104,6 +105,7 @@ def trainer_vs_reference(backend: TorchBackend, engine: Engine, episodes, steps:
     hf_labels = torch.cat([torch.full_like(ids[:, :1], -100), labels], dim=1)
     optimizer = torch.optim.AdamW([p for p in backend.model.parameters() if p.requires_grad], lr=1e-5)
     ours, reference = [], []
+
     def sft(logp, reference, mask):
         return losses.sft_loss(logp, mask), {}
 
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default="auto", help="the RL run's trainer")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
     check = checker(scenario)
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The real nightly run: train, export, parity, gate, register, deploy or reject.
     learn_started = time.perf_counter()
-    config = LearnConfig(steps=args.steps, lr=args.lr, rank=args.rank, alpha=2.0 * args.rank)
+    config = LearnConfig(steps=args.steps, lr=args.lr, rank=args.rank, alpha=2.0 * args.rank, backend=args.backend)
     [run] = learn_once(session.store, session.catalog, session.manifest, config)
     learn_wall = time.perf_counter() - learn_started
     deployed_version = session.store.deployed_adapter(run.slot, session.manifest.name)
@@ -202,7 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         "sft_regression_qa_after": sft_regression.qa_right,
         "trainer_vs_reference": round(speed["ratio"], 3),
         "trainer_vs_reference_detail": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in speed.items()},
-        "config": {"steps": args.steps, "lr": args.lr, "rank": args.rank, "kl_beta": config.kl_beta},
+        "config": {
+            "steps": args.steps,
+            "lr": args.lr,
+            "rank": args.rank,
+            "kl_beta": config.kl_beta,
+            "backend": choose_backend(args.backend),
+        },
     }
     session.close()
     if args.json:
