@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import random
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.catalog import Catalog, Manifest
@@ -29,6 +27,7 @@ from macaron_local.learn.export import export_gguf, parity_check
 from macaron_local.learn.loop import LearnConfig, StepLog, completion_tokens, train
 from macaron_local.learn.regression import score as regression_score
 from macaron_local.learn.rewards import preference_reward
+from macaron_local.learn.workdir import run_workdir
 from macaron_local.store import Store
 
 MAX_NLL_INCREASE = 0.02
@@ -93,10 +92,9 @@ def learn_slot(
             return make_backend(config.backend, lr)
 
     with (
-        tempfile.TemporaryDirectory(prefix="macaron-learn-") as tmp,
+        run_workdir(store.db_path.parent / "learn-work") as workdir,
         Engine(EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset")) as engine,
     ):
-        workdir = Path(tmp)
         expert_path = catalog.expert_path(manifest, slot)
         frozen = [engine.load_adapter(expert_path)] if expert_path else []
         current = [*frozen, engine.load_adapter(deployed.path)] if deployed else list(frozen)
