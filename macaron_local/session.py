@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from macaron_local.catalog import SLOTS, Catalog, Manifest
+from macaron_local.daemon.locks import GeneratingMarker
+from macaron_local.daemon.watch import StoreWatcher
 from macaron_local.engine import AdapterHandle, Completion, Engine, EngineConfig, Generation, GenerationParams
 from macaron_local.engine.template import Message
-from macaron_local.errors import InvalidInputError, ModelError
+from macaron_local.errors import InvalidInputError, MacaronError, ModelError
 from macaron_local.learn.episodes import latest_corrections
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
@@ -39,6 +41,7 @@ class Reply:
     conversation_id: str = ""
     user_message_id: str = ""
     message_id: str | None = None
+    notices: tuple[str, ...] = ()  # what changed since the last turn ("L0 Chat updated: ...")
     _on_done: Callable[[Reply], None] | None = field(default=None, repr=False)
 
     def __iter__(self) -> Iterator[str]:
@@ -102,6 +105,10 @@ class Session:
         self._experts: dict[str, AdapterHandle] = {}
         self._personal: dict[str, AdapterHandle] = {}
         self._labels: dict[str, str] = {}  # adapter key -> what a turn records and the UI shows
+        self._served: dict[str, str] = {}  # slot -> id of the personal version loaded for it
+        self._announced: set[tuple[str, str | None]] = set()  # (slot, version id) already told
+        self._listeners: list[Callable[[], None]] = []
+        self._watcher: StoreWatcher | None = None
         self._store = store
         self.conversation_id: str | None = None
         self.leaf_id: str | None = None
@@ -159,12 +166,12 @@ class Session:
             for slot in SLOTS:  # the user's own deployed versions, stacked on the experts
                 version = self.store.deployed_adapter(slot, self.manifest.name)
                 if version is not None:
-                    self._personal[slot] = engine.load_adapter(version.path)
-                    self._labels[self._personal[slot].key] = f"personal {version.id}"
+                    self._serve(engine, slot, version)
         except BaseException:
             engine.close()
             raise
         self._engine = engine
+        self._watch_registry()
 
     def switch_model(self, name: str) -> None:
         """Use another model from the next turn on (the current engine is closed)."""
@@ -178,6 +185,16 @@ class Session:
             self._personal.pop(slot, None)
         else:
             self._personal[slot] = self.engine.load_adapter(path)
+
+    def _serve(self, engine: Engine, slot: str, version: AdapterVersion | None) -> None:
+        """Stack `version` (None: nothing) on `slot`'s expert from the next turn on."""
+        if version is None:
+            self._personal.pop(slot, None)
+            self._served.pop(slot, None)
+            return
+        self._personal[slot] = engine.load_adapter(version.path)
+        self._labels[self._personal[slot].key] = f"personal {version.id}"
+        self._served[slot] = version.id
 
     def adapters_for(self, slot: str) -> list[AdapterHandle]:
         """The active set for a turn routed to `slot`: the expert, then the personal adapter."""
@@ -352,6 +369,7 @@ class Session:
         sticky_slot: str | None = None,
     ) -> Reply:
         params = params or self.default_params()
+        notices = self._apply_registry_updates()
         decision = self.route(text, expert, sticky_slot=sticky_slot)
         self.last_route = decision
         engine = self.engine
@@ -361,8 +379,11 @@ class Session:
         tokens, dropped = engine.prompt_for([*system, *self.messages], params.max_tokens)
         conversation_id = self.conversation_id
         assert conversation_id is not None
+        generation = engine.stream(tokens, params, cancel)
+        marker = GeneratingMarker.hold(self.settings)  # the daemon waits while this is held
 
         def finished(reply: Reply) -> None:
+            marker.release()
             done = reply.completion
             reply.message_id, _ = self.store.add_reply(
                 conversation_id,
@@ -395,9 +416,10 @@ class Session:
             route=decision,
             adapters=tuple(self._labels.get(h.key, h.path.name) for h in active),
             dropped_messages=dropped,
-            generation=engine.stream(tokens, params, cancel),
+            generation=generation,
             conversation_id=conversation_id,
             user_message_id=message_id,
+            notices=tuple(notices),
             _on_done=finished,
         )
 
@@ -446,11 +468,8 @@ class Session:
         """Serve the previous version of `slot`'s personal adapter from the next turn on."""
         restored = self.store.rollback_adapter(slot, self.manifest.name)
         if self._engine is not None:
-            if restored is None:
-                self.set_personal_adapter(slot, None)
-            else:
-                self.set_personal_adapter(slot, Path(restored.path))
-                self._labels[self._personal[slot].key] = f"personal {restored.id}"
+            self._serve(self._engine, slot, restored)
+            self._announced.add((slot, restored.id if restored else None))
         return restored
 
     def set_learning_paused(self, paused: bool) -> None:
@@ -469,13 +488,110 @@ class Session:
             raise InvalidInputError("no conversation is open")
         return self.conversation_id
 
+    # ----------------------------------------------------------------- deployed adapters
+    # The nightly daemon deploys from another process. A watchdog on the store tells listeners
+    # (the app) at once; each turn re-reads the four deployment pointers (cheap), so a version
+    # deployed a moment before a turn is never missed, whatever the watchdog's latency.
+    def on_adapters_changed(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (from a background thread) when the store may have a new deployment;
+        then `pending_updates()` says what changed. Returns a function that unsubscribes."""
+        self._listeners.append(callback)
+        return lambda: self._listeners.remove(callback) if callback in self._listeners else None
+
+    def _watch_registry(self) -> None:
+        if self._watcher is None:
+            watcher = StoreWatcher(self.store.db_path, self._registry_touched)
+            if watcher.start():
+                self._watcher = watcher
+
+    def _registry_touched(self) -> None:
+        for callback in list(self._listeners):
+            callback()
+
+    def _registry_changes(self) -> list[tuple[str, AdapterVersion | None]]:
+        """(slot, deployed version) for each slot whose deployment differs from what is served."""
+        deployed = self.deployed_versions()
+        return [
+            (slot, deployed.get(slot))
+            for slot in SLOTS
+            if (deployed[slot].id if slot in deployed else None) != self._served.get(slot)
+        ]
+
+    def _describe_change(self, slot: str, version: AdapterVersion | None) -> str:
+        expert = self.manifest.experts.get(slot)
+        name = f"{slot} {expert.name if expert else SLOTS.get(slot, '')}".strip()
+        previous = self._served.get(slot)
+        if version is None:
+            return f"{name}: learned version {previous} rolled back; the expert answers as shipped"
+        if previous is not None and self._created_at(previous) > version.created_at:
+            return f"{name} rolled back to learned version {version.id}"
+        ids = set(version.feedback_ids)
+        kinds: dict[str, int] = {}
+        for item in self.store.feedback_rows(since_id=min(ids, default=1) - 1):
+            if item.feedback.id in ids:
+                kinds[item.feedback.kind] = kinds.get(item.feedback.kind, 0) + 1
+        words = {"correction": "correction", "rating": "rating", "regenerate": "regenerated reply"}
+        parts = [f"{n} {words.get(k, k)}{'' if n == 1 else 's'}" for k, n in sorted(kinds.items())]
+        if not parts:
+            return f"{name} updated to learned version {version.id}"
+        learned = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+        return f"{name} updated: learned from {learned}"
+
+    def _created_at(self, version_id: str) -> str:
+        try:
+            return self.store.adapter_version(version_id).created_at
+        except MacaronError:
+            return ""
+
+    def pending_updates(self) -> list[str]:
+        """What has been deployed (or rolled back) elsewhere and not yet told; it is served
+        from the next turn. Each change is told once."""
+        notices = []
+        for slot, version in self._registry_changes():
+            key = (slot, version.id if version else None)
+            if key not in self._announced:
+                self._announced.add(key)
+                notices.append(self._describe_change(slot, version))
+        return notices
+
+    def _apply_registry_updates(self) -> list[str]:
+        """Serve every slot's deployed version; returns the changes not told before. A version
+        that cannot be loaded is told once and the previous one stays in service."""
+        engine = self.engine
+        notices = []
+        for slot, version in self._registry_changes():
+            key = (slot, version.id if version else None)
+            told = key in self._announced
+            try:
+                notice = self._describe_change(slot, version)
+                self._serve(engine, slot, version)
+            except MacaronError as exc:
+                if not told:
+                    notices.append(f"{slot}: the new version could not be loaded ({exc}); the old one still serves")
+                self._announced.add(key)
+                continue
+            if not told:
+                notices.append(notice)
+            self._announced.discard(key)
+        return notices
+
+    def daemon_status(self):
+        """The nightly learning daemon: installed or not, its window, its recent runs."""
+        from macaron_local.daemon.status import daemon_status
+
+        return daemon_status(self.settings, self.store, ask_os=False)
+
     # ----------------------------------------------------------------- lifecycle
     def _close_engine(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
         if self._engine is not None:
             self._engine.close()
             self._engine = None
             self._experts.clear()
             self._personal.clear()
+            self._served.clear()
 
     def close(self) -> None:
         self._close_engine()

@@ -126,11 +126,18 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from macaron_local.daemon.priority import lowest_priority
+    from macaron_local.daemon.logs import daemon_logger
+    from macaron_local.daemon.priority import current_priority, lowest_priority
     from macaron_local.daemon.runner import run_once
 
-    lowest_priority()
     settings = load_settings()
+    priority = lowest_priority() if daemon_config(settings).low_priority else current_priority()
+    daemon_logger(settings).info(
+        "priority: nice %d, idle CPU class %s, idle IO class %s",
+        priority.nice,
+        priority.cpu_idle_class,
+        priority.io_idle_class,
+    )
     progress = None if args.json else (lambda line: print(line, flush=True))
     outcome = run_once(settings, skip_window=args.now, on_progress=progress)
     if args.json:

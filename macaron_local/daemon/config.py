@@ -70,6 +70,7 @@ class DaemonConfig:
     max_load: float = 0.5  # load average per CPU core that still counts as idle
     min_feedback: int = 10  # new corrections, ratings or regenerates since the last run
     require_ac: bool = True
+    low_priority: bool = True  # nice 19 + idle CPU and IO classes; false on a dedicated machine
 
     def fire_times(self) -> list[tuple[int, int]]:
         """(hour, minute) of every scheduled start inside the window, in order."""
@@ -103,7 +104,14 @@ def _table(settings: Settings, name: str) -> dict[str, Any]:
 def daemon_config(settings: Settings) -> DaemonConfig:
     """The `[daemon]` table, defaults filled in, every value checked."""
     raw = _table(settings, "daemon")
-    kinds = {"every_minutes": int, "idle_minutes": int, "max_load": float, "min_feedback": int, "require_ac": bool}
+    kinds = {
+        "every_minutes": int,
+        "idle_minutes": int,
+        "max_load": float,
+        "min_feedback": int,
+        "require_ac": bool,
+        "low_priority": bool,
+    }
     unknown = sorted(set(raw) - set(kinds) - {"window"})
     if unknown:
         raise InvalidInputError(f"unknown [daemon] setting {unknown[0]!r} (known: window, {', '.join(kinds)})")
