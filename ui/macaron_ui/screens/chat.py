@@ -6,6 +6,7 @@ the session; this screen only turns keys into session calls and session results 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,8 @@ class ChatScreen(Screen):
         self.cancel_event = threading.Event()
         self.generating = False
         self.turns_shown = 0  # replies finished and redrawn (tests and status watchers wait on it)
+        self.updates_told: list[str] = []  # "L0 Chat updated: ..." notices shown so far
+        self._unsubscribe: Callable[[], None] | None = None
 
     # ----------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
@@ -74,7 +77,26 @@ class ChatScreen(Screen):
         await self.show_transcript()
         self.refresh_conversations()
         self.query_one(PromptInput).focus()
+        self._unsubscribe = self.session.on_adapters_changed(self._adapters_changed)
         self.load_model()
+
+    def on_unmount(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+
+    # ----------------------------------------------------------------- learned adapters
+    def _adapters_changed(self) -> None:
+        """From the session's watchdog thread: the store changed; maybe a new deployment."""
+        with contextlib.suppress(RuntimeError):  # the app is shutting down
+            self.app.call_from_thread(self.announce_updates)
+
+    def announce_updates(self, notices: tuple[str, ...] | list[str] | None = None) -> None:
+        """Tell the user what the nightly run changed; it is served from the next turn."""
+        for notice in self.session.pending_updates() if notices is None else notices:
+            self.updates_told.append(notice)
+            self.notify(notice, title="Learning", timeout=10)
+        if isinstance(self.app.screen, LearningScreen):
+            self.app.screen.refresh_status()
 
     # ----------------------------------------------------------------- model
     def set_status(self, text: str, busy: bool = False) -> None:
@@ -175,6 +197,7 @@ class ChatScreen(Screen):
         )
         view = MessageView("assistant", "", None, tag)
         await self.transcript.mount(view)
+        self.announce_updates(reply.notices)
         self.set_status(f"{tag} · {reply.route.reason}", True)
         return view
 

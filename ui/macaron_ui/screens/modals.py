@@ -159,6 +159,11 @@ class LearningScreen(ModalScreen[None]):
             f"{status.pending_feedback} correction(s) and rating(s) wait for the next run."
         )
         lines.append("")
+        daemon = self.session.daemon_status()
+        lines += ["## Nightly run", "", daemon.summary(), ""]
+        for past in daemon.recent[1:4]:
+            lines.append(f"- {past.started_at[:16].replace('T', ' ')} UTC: {past.outcome} · {past.summary}")
+        lines += ["", "## Learning runs", ""]
         if not status.runs:
             lines.append("Learning has not run yet: no adapter versions exist, so there is nothing to roll back.")
         for run in status.runs:
@@ -167,6 +172,10 @@ class LearningScreen(ModalScreen[None]):
                 f" · {run.reason or ''}"
             )
         return "\n".join(lines)
+
+    def refresh_status(self) -> None:
+        """Redraw (a run may just have deployed a new version)."""
+        self._update()
 
     def _update(self) -> None:
         self.query_one("#learning", Markdown).update(self.render_status())
