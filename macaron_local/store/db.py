@@ -446,10 +446,9 @@ class Store:
 
         Each distinct file is hashed and copied once, before the write lock is taken.
         """
-        stored = {v.file: registry.store_file(Path(v.file), self.adapters_dir) for v in versions}
+        stored = registry.store_files([v.file for v in versions], self.adapters_dir)
         with self._writing() as db:
-            for source, (digest, _) in stored.items():
-                registry.ensure_file(Path(source), digest, self.adapters_dir)
+            registry.ensure_files([(source, digest) for source, (digest, _) in stored.items()], self.adapters_dir)
             return registry.register_many(db, versions, stored)
 
     def adapter_lineage(self, version_id: str, limit: int | None = registry.PAGE) -> list[AdapterVersion]:
