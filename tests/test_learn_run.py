@@ -72,3 +72,42 @@ def test_held_out_episodes_are_whole_conversations():
     train, held = split_by_conversation(episodes)
     assert {e.conversation_id for e in train}.isdisjoint({e.conversation_id for e in held})
     assert len(held) == 4 and len(train) == 12
+
+
+def test_macaron_learn_shows_progress_and_the_decision(tmp_path, tiny_model):
+    from conftest import run_cli
+
+    from macaron_local.settings import Settings
+
+    model = tiny_model("llama", False, n_ctx_train=2048)
+    home = tmp_path / "home"
+    assert run_cli("models", "add", "tiny", str(model.path), home=home).returncode == 0
+    with open_default_store(Settings.load(home)) as store:
+        seed(store, 8)
+    done = run_cli("learn", "--model", "tiny", "--steps", "2", "--backend", "torch", home=home)
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("learning (torch)")]
+    assert [line.split()[3] for line in progress] == ["1/2", "2/2"]  # one line per step when piped
+    [decision] = [line for line in done.stdout.splitlines() if line.startswith("L0: ")]
+    assert decision.split()[1].rstrip(":") in ("deployed", "rejected") and " as " in decision
+    with open_default_store(Settings.load(home)) as store:
+        assert len(store.learning_runs()) == 1 and not any((home / "data").rglob("run-*"))
+
+
+def test_progress_bar_redraws_in_place_on_a_terminal():
+    import io
+
+    from macaron_local.cli.progress import ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    bar = ProgressBar(4, label="learning", stream=stream, width=8)
+    bar.update(1, "loss 2.0")
+    bar.update(4, "loss 1.0")
+    bar.finish()
+    text = stream.getvalue()
+    assert text.count("\r\x1b[2K") == 2 and text.endswith("\n") and text.count("\n") == 1
+    assert "learning ████████ 4/4 loss 1.0" in text and "██░░░░░░ 1/4" in text
