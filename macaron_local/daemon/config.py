@@ -127,10 +127,13 @@ def daemon_config(settings: Settings) -> DaemonConfig:
 
 
 def learn_config(settings: Settings) -> LearnConfig:
-    """The `[learn]` table over LearnConfig's defaults (steps, lr, rank, ...)."""
+    """The `[learn]` table over LearnConfig's defaults (steps, lr, rank, ...); the trainer is
+    the `learning_backend` setting that `macaron learn` uses too, unless the table names one."""
     raw = _table(settings, "learn")
     fields = {f.name: f for f in dataclasses.fields(LearnConfig)}
-    values = {}
+    values: dict[str, Any] = {}
+    if "backend" in fields and settings.get("learning_backend"):
+        values["backend"] = str(settings.get("learning_backend"))
     for key, value in raw.items():
         if key not in fields:
             raise InvalidInputError(f"unknown [learn] setting {key!r} (known: {', '.join(fields)})")
