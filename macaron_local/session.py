@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.daemon.locks import GeneratingMarker
@@ -27,6 +28,9 @@ from macaron_local.learn.episodes import latest_corrections
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
 from macaron_local.store import AdapterVersion, LearningRun, Store, open_default_store
+
+if TYPE_CHECKING:
+    from macaron_local.daemon.status import DaemonStatus
 
 
 @dataclass
@@ -575,7 +579,7 @@ class Session:
             self._announced.discard(key)
         return notices
 
-    def daemon_status(self):
+    def daemon_status(self) -> DaemonStatus:
         """The nightly learning daemon: installed or not, its window, its recent runs."""
         from macaron_local.daemon.status import daemon_status
 
