@@ -131,7 +131,11 @@ def run_run(args: argparse.Namespace) -> int:
     from macaron_local.daemon.runner import run_once
 
     settings = load_settings()
-    priority = lowest_priority() if daemon_config(settings).low_priority else current_priority()
+    try:
+        low = daemon_config(settings).low_priority
+    except InvalidInputError:
+        low = True  # run_once records the bad settings in the log and history, then reports them
+    priority = lowest_priority() if low else current_priority()
     daemon_logger(settings).info(
         "priority: nice %d, idle CPU class %s, idle IO class %s",
         priority.nice,
