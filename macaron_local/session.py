@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,7 @@ from macaron_local.learn.episodes import latest_corrections
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
 from macaron_local.store import AdapterVersion, LearningRun, Store, open_default_store
+from macaron_local.swarm import SwarmResult, choose, gather_variants, run_swarm
 
 if TYPE_CHECKING:
     from macaron_local.daemon.status import DaemonStatus
@@ -608,3 +609,51 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ----------------------------------------------------------------- swarm
+    def vote(self, text: str, k: int, *, params: GenerationParams | None = None) -> SwarmResult:
+        """Ask `text` of the first `k` adapter variants (swarm.gather_variants), each greedily,
+        and store the reply of the earliest variant that gave the majority's answer.
+
+        The turn is recorded like a routed one, so the vote is in the history and learning sees
+        which expert wrote the stored text: `route_method` "vote", the split line as
+        `route_reason`, and every variant's answer under `sampling["vote"]`.
+        """
+        if not text.strip():
+            raise InvalidInputError("the message is empty")
+        variants = choose(gather_variants(self.store, self.catalog, self.manifest), k)
+        engine = self.engine
+        if self.conversation_id is None:
+            self.conversation_id = self.store.new_conversation(self.manifest.name, self.system_prompt)
+        conversation_id = self.conversation_id
+        message_id = self.store.add_message(conversation_id, "user", text, self.leaf_id)
+        self.leaf_id, self.last_route = message_id, None
+        params = params or self.default_params()
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        outcome = run_swarm(engine, variants, [*system, *self.messages], params)
+        win = outcome.winning
+        votes = [{"label": a.variant.label, "answer": a.answer, "text": a.text} for a in outcome.answers]
+        sampling = {
+            "temperature": 0.0,
+            "max_tokens": params.max_tokens,
+            "vote": {"k": outcome.result.k, "votes": outcome.result.split, "variants": votes},
+        }
+        self.leaf_id, _ = self.store.add_reply(
+            conversation_id,
+            message_id,
+            win.text,
+            {
+                "model": self.manifest.name,
+                "expert": win.variant.slot,
+                "route_method": "vote",
+                "route_reason": outcome.result.summary(),
+                "adapters": [win.variant.label] if win.variant.paths else [],
+                "sampling": sampling,
+                "prompt_tokens": win.completion.prompt_tokens,
+                "completion_tokens": len(win.completion.tokens),
+                "ttft_ms": win.completion.ttft_ms,
+                "total_ms": outcome.wall_ms,
+                "finish_reason": win.completion.finish_reason,
+            },
+        )
+        return replace(outcome, message_id=self.leaf_id)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from macaron_local.cli.common import add_model_option, load_settings, print_json
+from macaron_local.engine import GenerationParams
 from macaron_local.errors import InvalidInputError
 from macaron_local.session import Session
 
@@ -18,6 +19,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--system", help="system prompt for this question")
     parser.add_argument("--max-tokens", type=int, help="longest reply in tokens")
     parser.add_argument("--temperature", type=float, help="0 for greedy (the default)")
+    parser.add_argument(
+        "--vote",
+        type=int,
+        metavar="K",
+        help="swarm: one greedy answer from each of K adapter variants, majority-voted (shows the split)",
+    )
     add_model_option(parser)
     parser.set_defaults(func=run)
 
@@ -47,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
             params.max_tokens = args.max_tokens
         if args.temperature is not None:
             params.temperature = args.temperature
+        if args.vote is not None:
+            return run_vote(session, prompt, args, params)
         reply = session.send(prompt, expert=args.expert, params=params)
         if args.json:
             reply.wait()
@@ -72,4 +81,30 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
             sys.stdout.write("\n")
+    return 0
+
+
+def run_vote(session: Session, prompt: str, args: argparse.Namespace, params: GenerationParams) -> int:
+    """`--vote K`: the winning variant's reply, then the split (or all of it as JSON)."""
+    if args.expert:
+        raise InvalidInputError("--vote asks every variant; it cannot be combined with --expert")
+    if params.temperature > 0:
+        raise InvalidInputError("--vote answers greedily; drop --temperature")
+    outcome = session.vote(prompt, args.vote, params=params)
+    win = outcome.winning
+    if args.json:
+        print_json(
+            {
+                "text": win.text,
+                "answer": outcome.result.winner,
+                "votes": outcome.result.split,
+                "k": outcome.result.k,
+                "variants": [{"label": a.variant.label, "answer": a.answer, "text": a.text} for a in outcome.answers],
+                "winner_variant": win.variant.label,
+                "model": session.manifest.name,
+                "total_ms": round(outcome.wall_ms, 2),
+            }
+        )
+    else:
+        sys.stdout.write(f"{win.text}\n{outcome.result.summary()}\n")
     return 0
