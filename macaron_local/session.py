@@ -171,7 +171,12 @@ class Session:
             for slot in SLOTS:  # the user's own deployed versions, stacked on the experts
                 version = self.store.deployed_adapter(slot, self.manifest.name)
                 if version is not None:
-                    self._serve(engine, slot, version)
+                    try:
+                        self._serve(engine, slot, version)
+                    except MacaronError:
+                        # A damaged or missing file must not stop the app: the expert serves
+                        # alone, and the first turn's update check says why (once).
+                        continue
         except BaseException:
             engine.close()
             raise
@@ -572,7 +577,8 @@ class Session:
                 self._serve(engine, slot, version)
             except MacaronError as exc:
                 if not told:
-                    notices.append(f"{slot}: the new version could not be loaded ({exc}); the old one still serves")
+                    still = "the old one still serves" if slot in self._served else "the expert serves alone"
+                    notices.append(f"{slot}: the new version could not be loaded ({exc}); {still}")
                 self._announced.add(key)
                 continue
             if not told:

@@ -106,3 +106,21 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+# ----------------------------------------------------------------- fault suite counts
+#: What each fault test survived, e.g. {"kill -9 during learn/export/deploy": "30 trials, 30 intact"};
+#: printed at the end of every run that executed one, so CI's log shows the suite's counts.
+FAULT_COUNTS: dict[str, str] = {}
+
+
+@pytest.fixture
+def fault_counts() -> dict[str, str]:
+    return FAULT_COUNTS
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if FAULT_COUNTS:
+        terminalreporter.section("fault suite")
+        for name, line in FAULT_COUNTS.items():
+            terminalreporter.write_line(f"faults: {name}: {line}")

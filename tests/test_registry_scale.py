@@ -231,16 +231,26 @@ def test_garbage_collection_keeps_what_is_referenced_or_being_written(store, tmp
     assert "removed 1 unreferenced adapter file(s)" in report.summary()
 
 
-def test_a_collection_between_copy_and_insert_cannot_orphan_the_new_version(store, tmp_path):
-    """The file is copied before the write lock; a collection in that gap deletes it (nothing
-    references it yet). Registration checks again under the lock and copies it back."""
+def test_a_collection_between_copy_and_insert_cannot_orphan_the_new_version(store, tmp_path, monkeypatch):
+    """The file is copied before the write lock is taken; another process collecting garbage in
+    that gap deletes it (nothing references it yet). Registration checks again under the lock
+    and copies it back, so the row never points at a missing file."""
     from macaron_local.store import registry
 
     source = blob(tmp_path / "exports", 7)
-    digest, stored = registry.store_file(source, store.adapters_dir)
-    assert store.collect_garbage().removed == [stored.name]
-    version = store.register_adapter(source, slot="L0", base_model="tiny", rank=2)
-    assert Path(version.path).is_file() and sha256_file(Path(version.path)) == digest == version.sha256
+    collected = []
+    with open_store(store.db_path) as other:
+        copy = registry.store_file
+
+        def copy_then_collect(path, folder):
+            stored = copy(path, folder)
+            collected.extend(other.collect_garbage().removed)  # the other process, in the gap
+            return stored
+
+        monkeypatch.setattr(registry, "store_file", copy_then_collect)
+        version = store.register_adapter(source, slot="L0", base_model="tiny", rank=2)
+    assert collected == [f"{version.sha256}.gguf"]
+    assert Path(version.path).is_file() and sha256_file(Path(version.path)) == version.sha256
 
 
 def test_a_damaged_copy_is_repaired_by_registering_the_good_bytes(store, tmp_path):
