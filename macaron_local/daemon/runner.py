@@ -86,7 +86,8 @@ def run_once(
                 catalog = Catalog(settings)
                 manifest = catalog.default()
                 say(f"learning on {manifest.name} ({learning.steps} steps per expert)")
-                reports = _learn(store, catalog, manifest, learning, say)
+                stop = _interrupter(settings, probe or Probes(), say)
+                reports = _learn(store, catalog, manifest, learning, say, stop)
             except MacaronError as exc:
                 logger.error("learning failed: %s", exc)
                 finish("failed", [str(exc)])
@@ -104,14 +105,30 @@ def run_once(
     return finish("learned", [], slots)
 
 
-def _learn(store, catalog, manifest, learning, say):
+def _interrupter(settings: Settings, probe: Probes, say: Callable[[str], None]) -> Callable[[], bool]:
+    """Polled between training steps: a chat that starts streaming or a machine that goes on
+    battery stops the run (the user comes first); the feedback waits for the next night."""
+
+    def should_stop() -> bool:
+        if probe.generating(settings):
+            say("stopping: a chat started generating")
+            return True
+        if probe.on_ac() is False:
+            say("stopping: the machine is on battery")
+            return True
+        return False
+
+    return should_stop
+
+
+def _learn(store, catalog, manifest, learning, say, should_stop: Callable[[], bool]):
     from macaron_local.learn.run import learn_once
 
     def step(log) -> None:
         say(f"  step {log.step + 1}/{learning.steps} loss {log.loss:.3f} kl {log.kl:.3f} reward {log.reward_mean:+.3f}")
 
     try:
-        return learn_once(store, catalog, manifest, learning, on_step=step)
+        return learn_once(store, catalog, manifest, learning, on_step=step, should_stop=should_stop)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in TRAINER_PACKAGES:
             raise MacaronError(

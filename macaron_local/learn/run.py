@@ -76,7 +76,11 @@ def learn_slot(
     config: LearnConfig,
     on_step: Callable[[StepLog], None] | None = None,
     backend_factory: Callable[[float], object] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> SlotReport:
+    """Train, export, check and gate one slot. `should_stop` is polled between training steps
+    (the daemon stops when a chat starts or the machine goes on battery): an interrupted run is
+    recorded as such, and nothing half-trained is judged or kept."""
     started = time.perf_counter()
     train_set, held_out = split_by_conversation(episodes, seed=config.seed)
     if not held_out or not any(e.chosen for e in train_set):
@@ -104,7 +108,22 @@ def learn_slot(
         if expert_path:  # train on top of the frozen expert, exactly as the two are served stacked
             backend.fold_in(frozen_deltas(expert_path, base, backend.linear_weight_names()))
         backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
-        result = train(backend, engine, base, train_set, config, workdir, frozen=frozen, on_step=on_step)
+        result = train(
+            backend, engine, base, train_set, config, workdir, frozen=frozen, on_step=on_step, should_stop=should_stop
+        )
+        if len(result.steps) < config.steps:
+            reason = (
+                f"interrupted after {len(result.steps)} of {config.steps} steps; its feedback waits for the next run"
+            )
+            run_id = store.record_learning_run(
+                slot=slot,
+                status="interrupted",
+                feedback_ids=[],  # not consumed: the next run still counts it as new
+                decision="skipped",
+                reason=reason,
+                metrics={"steps": len(result.steps), "pending_feedback_ids": feedback_ids},
+            )
+            return SlotReport(slot, "skipped", reason, None, run_id, {"steps": len(result.steps)})
         candidate_file = export_gguf(backend, base, workdir / "candidate.gguf", task_name=f"{slot} personal")
 
         samples = [completion_tokens(engine, e.messages, e.chosen) for e in held_out if e.chosen][:4]
@@ -173,14 +192,18 @@ def learn_once(
     config: LearnConfig | None = None,
     slots: list[str] | None = None,
     on_step: Callable[[StepLog], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> list[SlotReport]:
-    """One run over every slot that has feedback."""
+    """One run over every slot that has feedback (until `should_stop` says otherwise)."""
     config = config or LearnConfig()
     by_slot: dict[str, list[Episode]] = {}
     for episode in episodes_from_store(store):
         by_slot.setdefault(episode.slot, []).append(episode)
-    return [
-        learn_slot(store, catalog, manifest, slot, episodes, config, on_step)
-        for slot, episodes in sorted(by_slot.items())
-        if slots is None or slot in slots
-    ]
+    reports = []
+    for slot, episodes in sorted(by_slot.items()):
+        if slots is not None and slot not in slots:
+            continue
+        if should_stop():
+            break
+        reports.append(learn_slot(store, catalog, manifest, slot, episodes, config, on_step, should_stop=should_stop))
+    return reports
