@@ -40,7 +40,7 @@ from macaron_local.catalog import Catalog  # noqa: E402
 from macaron_local.engine import Engine, EngineConfig  # noqa: E402
 from macaron_local.hashing import sha256_file  # noqa: E402
 from macaron_local.store import open_default_store  # noqa: E402
-from macaron_local.store.registry import CONTENT_NAME, TEMP_NAME  # noqa: E402
+from macaron_local.store.adapter_files import CONTENT_NAME, TEMP_NAME  # noqa: E402
 
 pytestmark = pytest.mark.faults
 

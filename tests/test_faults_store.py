@@ -223,14 +223,14 @@ def _fsync_enospc(fd):
 @pytest.mark.parametrize("where", ["copy", "flush"])
 def test_disk_full_while_an_export_enters_the_registry(world, tmp_path, monkeypatch, capsys, where, fault_counts):
     """The learner's exported candidate is copied into the registry when the disk fills up."""
-    import macaron_local.store.registry as registry
+    import macaron_local.store.adapter_files as files
 
     candidate = write_random_adapter(tmp_path / "candidate.gguf", world.model, rank=2, seed=3)
     with monkeypatch.context() as full:
         if where == "copy":
-            full.setattr(registry.shutil, "copyfile", _half_then_enospc)
+            full.setattr(files.shutil, "copyfile", _half_then_enospc)
         else:  # the bytes fit in the page cache; the disk says no when they are flushed
-            full.setattr(registry.os, "fsync", _fsync_enospc)
+            full.setattr(files.os, "fsync", _fsync_enospc)
         with world.store() as store:
             before = sorted(p.name for p in store.adapters_dir.iterdir())
             with pytest.raises(StoreError, match="no space left") as caught:
