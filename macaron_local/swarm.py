@@ -8,7 +8,8 @@ sampling noise.
 
 Three parts, each usable alone:
 - `normalize_answer` turns a reply into the thing that is voted on (a boxed answer, else the
-  last number, else the normalized text), so "The answer is 1,000." and "\\boxed{1000}" agree;
+  last number, in digits or words, else the normalized text), so "The answer is 1,000." and
+  "\\boxed{1000}" agree, and so do "A dog has four legs." and "4";
 - `vote` counts normalized answers with a documented, deterministic tie-break;
 - `gather_variants` lists the adapter sets available for a model, and `run_swarm` has each of
   the first K answer through one engine.
@@ -55,6 +56,14 @@ from macaron_local.store import Store
 # A number not glued to a word ("H2O", "mp3") or to a previous decimal point. Thousands
 # separators only in groups of three, so "1, 2, 3" is three numbers and "1,000" is one.
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])[-+]?\.\d+")
+# English number words up to ninety-nine: "A dog has four legs" and "4" are the same answer.
+_UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+_ONES = [*_UNITS.split(), "seventeen", "eighteen", "nineteen"]
+_DECADES = "twenty thirty forty fifty sixty seventy eighty ninety"
+_TENS = {word: 10 * i for i, word in enumerate(_DECADES.split(), start=2)}
+_NUMBER_WORD = re.compile(
+    rf"\b(?:({'|'.join(_TENS)})(?:[- ]({'|'.join(_ONES[1:10])}))?|({'|'.join(_ONES)}))\b", re.IGNORECASE
+)
 _BOXED = "\\boxed{"
 _FRAC = re.compile(r"\\[dt]?frac\{\s*([-+]?\d+)\s*\}\{\s*(\d+)\s*\}")
 _WHOLE_FRACTION = re.compile(r"\s*([-+]?\d+)\s*/\s*(\d+)\s*")
@@ -101,8 +110,8 @@ def normalize_text(text: str) -> str:
 
 def normalize_answer(text: str) -> str:
     """What a reply votes for: the last `\\boxed{}` answer if any (a reduced fraction if it is
-    one, its last number if it holds one), else the last number in the text, else the
-    normalized text."""
+    one, its last number if it holds one), else the last number in the text (digits or an
+    English number word), else the normalized text."""
     text = text.replace("\u2212", "-")  # a typographic minus is still a minus
     boxed = last_boxed(text)
     if boxed is not None:
@@ -110,10 +119,19 @@ def normalize_answer(text: str) -> str:
         fraction = _WHOLE_FRACTION.fullmatch(text)
         if fraction and int(fraction[2]) != 0:
             return normalize_fraction(int(fraction[1]), int(fraction[2]))
-    numbers = _NUMBER.findall(text)
-    if numbers:
-        return normalize_number(numbers[-1])
-    return normalize_text(text)
+    last = last_number(text)
+    return last if last is not None else normalize_text(text)
+
+
+def last_number(text: str) -> str | None:
+    """The last number in `text`, normalized, written in digits or as an English word up to
+    ninety-nine ("A dog has four legs" and "4" agree)."""
+    found: list[tuple[int, str]] = [(m.end(), normalize_number(m[0])) for m in _NUMBER.finditer(text)]
+    for m in _NUMBER_WORD.finditer(text):
+        tens, unit, ones = (g.lower() if g else g for g in m.groups())
+        value = _TENS[tens] + (_ONES.index(unit) if unit else 0) if tens else _ONES.index(ones)
+        found.append((m.end(), str(value)))
+    return max(found)[1] if found else None
 
 
 # --------------------------------------------------------------------- voting

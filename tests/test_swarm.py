@@ -41,12 +41,17 @@ SHORT = GenerationParams(max_tokens=6, temperature=0.0, min_p=0.0)
         ("-0", "0"),
         ("007", "7"),
         ("H2O has no answer", "h2o has no answer"),
+        ("A dog has four legs.", "4"),
+        ("Twenty-one", "21"),
+        ("It is 5, not ten", "10"),
+        ("someone often knows", "someone often knows"),
+        ("\\boxed{seven}", "7"),
         ("so the result is \\boxed{12}. Check: 12 + 1 = 13", "12"),
         ("\\boxed{x = 2.50}", "2.5"),
         ("\\boxed{\\frac{6}{4}}", "3/2"),
         ("\\boxed{4/2}", "2"),
         ("first \\boxed{1} then \\boxed{Paris}", "paris"),
-        ("\\boxed{\\text{a {nested} one}} tail 99", "text a nested one"),
+        ("\\boxed{\\text{a {nested} pair}} tail 99", "text a nested pair"),
         ("  Paris!  ", "paris"),
         ("The Capital,   PARIS.", "the capital paris"),
         ("", ""),
@@ -59,6 +64,7 @@ def test_normalize_answer(text: str, expected: str) -> None:
 def test_equivalent_answers_agree() -> None:
     forms = ["The answer is 1,000.", "\\boxed{1000}", "1000.0", "+1000", "so: 1000"]
     assert {normalize_answer(f) for f in forms} == {"1000"}
+    assert {normalize_answer(f) for f in ["Forty-two.", "\\boxed{42}", "42", "forty two"]} == {"42"}
 
 
 # --------------------------------------------------------------------- vote
