@@ -17,6 +17,7 @@ everything once (it never touches the store, a model or torch's thread pools bef
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -118,6 +119,8 @@ ZYGOTE = textwrap.dedent(
         spec = json.loads(line)
         pid = os.fork()
         if pid == 0:
+            os.dup2(2, 1)  # the control pipes are the zygote's alone: the child neither
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # writes to one nor reads from the other
             code = 0
             try:
                 trial(spec)
@@ -125,8 +128,8 @@ ZYGOTE = textwrap.dedent(
                 os.write(2, f"trial failed: {exc!r}\\n".encode())
                 code = 3
             os._exit(code)
-        print(pid, flush=True)
-        print(os.waitpid(pid, 0)[1], flush=True)
+        print(f"pid {pid}", flush=True)
+        print(f"status {os.waitpid(pid, 0)[1]}", flush=True)
     """
 )
 
@@ -143,13 +146,26 @@ def seed(store, n: int) -> list[str]:
     return replies
 
 
-def wait_for(log: Path, marker: str, errors: Path, timeout: float = 300) -> None:
+def expect(zygote: subprocess.Popen, word: str, errors: Path) -> int:
+    """The next control line from the zygote, `<word> <number>`."""
+    line = zygote.stdout.readline().split()
+    assert len(line) == 2 and line[0] == word, f"expected {word!r}, got {line}: {errors.read_text()[-2000:]}"
+    return int(line[1])
+
+
+def wait_for(log: Path, marker: str, pid: int, errors: Path, timeout: float = 240) -> None:
+    """Until the child has written `marker` to its log (it must stay alive meanwhile)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if log.exists() and marker in log.read_text():
             return
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            raise AssertionError(f"the child died before {marker!r}: {errors.read_text()[-2000:]}") from None
         time.sleep(0.01)
-    raise AssertionError(f"the child never reached {marker!r}: {errors.read_text()[-2000:]}")
+    tail = log.read_text()[-300:] if log.exists() else "(no log)"
+    raise AssertionError(f"the child never reached {marker!r} in {timeout:.0f} s; its log ends {tail!r}")
 
 
 def check_intact(home, base: BaseModelInfo, engine: Engine, expected_feedback: set[int]) -> str | None:
@@ -158,10 +174,10 @@ def check_intact(home, base: BaseModelInfo, engine: Engine, expected_feedback: s
         assert store.integrity_check() == "ok"
         stored = {item.feedback.id for item in store.feedback_rows()}
         assert expected_feedback <= stored, f"lost feedback rows {sorted(expected_feedback - stored)}"
-        for version in store.adapter_versions():
-            path = Path(version.path)
+        files = {(Path(v.path), v.sha256) for v in store.adapter_versions()}
+        for path, digest in files:  # each distinct file once: versions share them
             assert CONTENT_NAME.match(path.name) and path.parent == store.adapters_dir
-            assert path.is_file() and sha256_file(path) == version.sha256, f"{version.id}: {path} is not whole"
+            assert path.is_file() and sha256_file(path) == digest, f"{path} is not whole"
         deployed = store.deployed_adapter("L0", "tiny")
         if deployed is None:
             return None
@@ -205,6 +221,7 @@ def test_kill_9_during_learn_export_and_deploy(home, tiny_model, tmp_path, fault
     phases: Counter[str] = Counter()
     deployed_seen: set[str] = set()
     kills = intact = 0
+    child: int | None = None
     try:
         assert zygote.stdout.readline().strip() == "ready", errors.read_text()
         with Engine(EngineConfig(model_path=model.path, n_ctx=64)) as engine:
@@ -221,15 +238,16 @@ def test_kill_9_during_learn_export_and_deploy(home, tiny_model, tmp_path, fault
                 }
                 zygote.stdin.write(json.dumps(spec) + "\n")
                 zygote.stdin.flush()
-                pid = int(zygote.stdout.readline())
+                pid = child = expect(zygote, "pid", errors)
                 if kind == "cycle":
                     time.sleep(rng.uniform(0.05, 1.0))
                 else:  # a learning pass is slow on a busy machine: aim at a phase, then a random instant
                     target = kind.split(":")[1]
-                    wait_for(log, f"phase {target}", errors)
+                    wait_for(log, f"phase {target}", pid, errors)
                     time.sleep(rng.uniform(0, 0.5 if target in ("train", "export") else 0.02))
                 os.kill(pid, signal.SIGKILL)
-                status = int(zygote.stdout.readline())
+                status = expect(zygote, "status", errors)
+                child = None
                 assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, errors.read_text()
                 kills += 1
                 lines = log.read_text().splitlines()
@@ -239,9 +257,16 @@ def test_kill_9_during_learn_export_and_deploy(home, tiny_model, tmp_path, fault
                 if deployed:
                     deployed_seen.add(deployed)
                 intact += 1
-    finally:
+    finally:  # on a failure, leave nothing running behind
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         zygote.stdin.close()
-        zygote.wait(timeout=30)
+        try:
+            zygote.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            zygote.kill()
+            zygote.wait()
 
     assert kills == intact == len(plan) == TRIALS
     assert logged, "the children must have recorded feedback before being killed"
