@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,12 +122,13 @@ def one_line(message: str) -> str:
 # ----------------------------------------------------------------- concurrent writers
 APP = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     from pathlib import Path
     from macaron_local.store import open_store
     db, replies, n = Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
     go, out = Path(sys.argv[4]), sys.argv[5]
     store = open_store(db)
+    Path(f"{go}.{os.getpid()}").touch()  # ready: imported and opened
     while not go.exists():
         time.sleep(0.001)
     ids = [store.add_feedback(replies[i % len(replies)], "rating", value=1 if i % 2 else -1) for i in range(n)]
@@ -136,15 +138,17 @@ APP = textwrap.dedent(
 
 DAEMON = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     from pathlib import Path
     from macaron_local.store import open_store
     from macaron_local.store.registry import NewVersion
     db, files, go, stop = Path(sys.argv[1]), json.loads(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
     store = open_store(db)
+    Path(f"{go}.{os.getpid()}").touch()  # ready: imported and opened
     while not go.exists():
         time.sleep(0.001)
     cycles = registered = 0
+    seen = []  # feedback rows present after each cycle: proof the writers interleaved
     while not stop.exists() or cycles == 0:
         current = store.deployed_adapter("L0", "tiny")
         batch = [NewVersion(slot="L1", base_model="tiny", rank=2, file=Path(files[i % len(files)]), status="rejected",
@@ -159,7 +163,8 @@ DAEMON = textwrap.dedent(
             store.rollback_adapter("L0", "tiny")
         cycles += 1
         registered += 1
-    print(json.dumps({"cycles": cycles, "registered": registered}))
+        seen.append(store.db.execute("SELECT count(*) FROM feedback").fetchone()[0])
+    print(json.dumps({"cycles": cycles, "registered": registered, "feedback_seen": seen}))
     """
 )
 
@@ -184,6 +189,10 @@ def test_app_and_daemon_write_concurrently_and_lose_nothing(world, tmp_path, fau
         stderr=subprocess.PIPE,
         text=True,
     )
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.*"))) < 3:  # all three have started: then they start together
+        assert time.monotonic() < deadline and all(p.poll() is None for p in [*apps, daemon])
+        time.sleep(0.01)
     go.touch()
     for app in apps:
         _, err = app.communicate(timeout=300)
@@ -201,10 +210,13 @@ def test_app_and_daemon_write_concurrently_and_lose_nothing(world, tmp_path, fau
         versions = store.db.execute("SELECT count(*) FROM adapter_versions").fetchone()[0]
     assert set(written) <= stored and len(stored) == world.feedback + 10_000
     assert versions == 2 + done["registered"] and done["cycles"] >= 1
+    during = [n for n in done["feedback_seen"] if world.feedback < n < world.feedback + 10_000]
+    assert during, f"no daemon cycle finished while the apps were writing: {done['feedback_seen']}"
     assert_whole(world, deployed.id if deployed else None, world.feedback + 10_000)
     fault_counts["concurrent writers (2 app processes and the daemon)"] = (
         f"10000 feedback writes, {len(set(written) & stored)} present; the daemon registered "
-        f"{done['registered']} versions in {done['cycles']} deploy/rollback cycles meanwhile; no write failed"
+        f"{done['registered']} versions in {done['cycles']} deploy/rollback cycles, {len(during)} of them while the "
+        "apps wrote; no write failed"
     )
 
 
