@@ -12,6 +12,8 @@ Writes are atomic: an adapter file is either whole or absent.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,14 +106,34 @@ def write_adapter(path: str | os.PathLike[str], adapter: LoraAdapter, dtype: str
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
+        for handle in writer.fout or ():  # surface a full disk now, not after the rename
+            handle.flush()
+            os.fsync(handle.fileno())
         writer.close()
+        _check_complete(tmp, 2 * len(adapter.pairs))
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
-    except BaseException:
-        writer.close()
+    except BaseException as exc:
+        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+            writer.close()
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise AdapterError(f"no space left to write {path.name} in {path.parent} ({exc.strerror})") from None
         raise
     return path
+
+
+def _check_complete(path: Path, n_tensors: int) -> None:
+    """numpy's `tofile` can stop short without raising (a file-size limit, some full disks):
+    read the file back and make sure every tensor's data is there before it gets its name."""
+    try:
+        reader = gguf.GGUFReader(str(path))
+        size = path.stat().st_size
+        complete = len(reader.tensors) == n_tensors and all(t.data_offset + t.n_bytes <= size for t in reader.tensors)
+    except (ValueError, OSError, IndexError):
+        complete = False
+    if not complete:
+        raise OSError(errno.ENOSPC, "the file was cut short", str(path))
 
 
 def read_tensor_values(tensor: gguf.ReaderTensor) -> np.ndarray:
