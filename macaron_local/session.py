@@ -627,7 +627,7 @@ class Session:
         """
         if not text.strip():
             raise InvalidInputError("the message is empty")
-        variants = choose(gather_variants(self.store, self.catalog, self.manifest), k)
+        variants = choose(gather_variants(self.store, self.catalog, self.manifest, enough=k), k)
         engine = self.engine
         if self.conversation_id is None:
             self.conversation_id = self.store.new_conversation(self.manifest.name, self.system_prompt)

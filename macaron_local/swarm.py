@@ -51,7 +51,7 @@ from macaron_local.engine import Completion, Engine, GenerationParams
 from macaron_local.engine.template import Message
 from macaron_local.errors import InvalidInputError, ModelError
 from macaron_local.hashing import sha256_file
-from macaron_local.store import Store
+from macaron_local.store import AdapterVersion, Store
 
 # A number not glued to a word ("H2O", "mp3") or to a previous decimal point. Thousands
 # separators only in groups of three, so "1, 2, 3" is three numbers and "1,000" is one.
@@ -193,8 +193,11 @@ class Variant:
     identity: tuple[str, ...] = field(default=(), compare=False)  # sha256 of each file, sorted
 
 
-def gather_variants(store: Store, catalog: Catalog, manifest: Manifest) -> list[Variant]:
-    """Every distinct adapter set that can vote for `manifest`, strongest first (module doc)."""
+def gather_variants(store: Store, catalog: Catalog, manifest: Manifest, enough: int | None = None) -> list[Variant]:
+    """Every distinct adapter set that can vote for `manifest`, strongest first (module doc).
+
+    With `enough`, stops once that many are found: the registry may hold a million versions,
+    and it is read newest first one page at a time, so a vote of K reads about K rows."""
     experts: dict[str, Path] = {}
     for slot in SLOTS:
         path = catalog.expert_path(manifest, slot)
@@ -203,38 +206,51 @@ def gather_variants(store: Store, catalog: Catalog, manifest: Manifest) -> list[
                 raise ModelError(f"expert {slot} adapter {path} is missing; run `macaron models pull {manifest.name}`")
             experts[slot] = path
     digests = {slot: sha256_file(path) for slot, path in experts.items()}
-    found = [
-        Variant(f"expert {slot} {manifest.experts[slot].name}", (path,), slot, (digests[slot],))
-        for slot, path in experts.items()
-    ]
-
-    versions = [v for v in store.adapter_versions(base_model=manifest.name) if v.status != "rejected"]
-    plugin_names = {p.version_id: p.name for p in store.plugins() if p.base_model == manifest.name}
-    plugins = sorted((v for v in versions if v.id in plugin_names), key=lambda v: (plugin_names[v.id], v.id))
-    personal = [v for v in versions if v.id not in plugin_names]
-    slot_order = list(SLOTS)
-    deployed = sorted(
-        (v for v in personal if v.status == "deployed"),
-        key=lambda v: slot_order.index(v.slot) if v.slot in SLOTS else len(SLOTS),
-    )
-    rest = sorted((v for v in personal if v.status != "deployed"), key=lambda v: (v.created_at, v.id), reverse=True)
-    for version in [*deployed, *rest]:
-        under = experts.get(version.slot)
-        paths = (under, Path(version.path)) if under else (Path(version.path),)
-        identity = tuple(sorted([digests[version.slot], version.sha256] if under else [version.sha256]))
-        found.append(Variant(f"{version.slot} personal {version.id} ({version.status})", paths, version.slot, identity))
-    for version in plugins:
-        label = f"plugin {plugin_names[version.id]}"
-        found.append(Variant(label, (Path(version.path),), None, (version.sha256,)))
-    found.append(Variant("base", (), None, ()))
-
+    distinct: list[Variant] = []
     seen: set[tuple[str, ...]] = set()
-    distinct = []
-    for variant in found:
+
+    def add(variant: Variant) -> None:
         if variant.identity not in seen:
             seen.add(variant.identity)
             distinct.append(variant)
-    return distinct
+
+    def full() -> bool:
+        return enough is not None and len(distinct) >= enough
+
+    for slot, path in experts.items():
+        add(Variant(f"expert {slot} {manifest.experts[slot].name}", (path,), slot, (digests[slot],)))
+
+    def personal(version: AdapterVersion) -> Variant:
+        under = experts.get(version.slot)
+        paths = (under, Path(version.path)) if under else (Path(version.path),)
+        identity = tuple(sorted([digests[version.slot], version.sha256] if under else [version.sha256]))
+        return Variant(f"{version.slot} personal {version.id} ({version.status})", paths, version.slot, identity)
+
+    plugin_names = {p.version_id: p.name for p in store.plugins() if p.base_model == manifest.name}
+    deployed = [v for slot in SLOTS if (v := store.deployed_adapter(slot, manifest.name)) is not None]
+    for version in deployed:
+        if version.id not in plugin_names:
+            add(personal(version))
+    skip = {v.id for v in deployed} | set(plugin_names)
+    cursor: str | None = None
+    while not full():  # the rest, newest first, a page at a time
+        page = store.find_adapters(base_model=manifest.name, before=cursor)
+        if not page:
+            break
+        cursor = page[-1].id
+        for version in page:
+            if version.id not in skip and version.status != "rejected" and not full():
+                add(personal(version))
+    plugins = sorted(plugin_names.items(), key=lambda item: (item[1], item[0]))
+    for version_id, name in plugins:
+        if full():
+            break
+        version = store.adapter_version(version_id)
+        if version.status != "rejected":
+            add(Variant(f"plugin {name}", (Path(version.path),), None, (version.sha256,)))
+    if not full():
+        add(Variant("base", (), None, ()))
+    return distinct[:enough] if enough is not None else distinct
 
 
 def choose(variants: Sequence[Variant], k: int) -> list[Variant]:

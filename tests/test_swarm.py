@@ -160,6 +160,9 @@ def test_gather_variants_order_statuses_plugins_and_duplicates(tiny_home, tmp_pa
             manifest={},
         )
         variants = gather_variants(store, session.catalog, session.manifest)
+        for enough in range(1, len(variants) + 1):  # a vote of K stops at K: the same first K
+            bounded = gather_variants(store, session.catalog, session.manifest, enough=enough)
+            assert [v.label for v in bounded] == [v.label for v in variants[:enough]]
     labels = [v.label for v in variants]
     assert labels[:2] == ["expert L0 Chat", "expert L2 Coding"]
     assert labels[2] == f"L2 personal {new.id} (deployed)"
