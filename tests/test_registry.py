@@ -124,6 +124,9 @@ def test_adapters_cli_lists_shows_and_rolls_back(tmp_path, tiny_model):
         (v1.id, "retired"),
         (v2.id, "deployed"),
     ]
+    newest = run_cli("adapters", "list", "--model", "tiny", "--limit", "1", "--json", home=home)
+    assert [v["id"] for v in json.loads(newest.stdout)] == [v2.id]  # a page, not the whole history
+    assert run_cli("adapters", "list", "--model", "tiny", "--limit", "-1", home=home).returncode == 2
     rolled = run_cli("adapters", "rollback", "coding", "--model", "tiny", home=home)
     assert rolled.returncode == 0 and f"now serves {v1.id}" in rolled.stdout
     shown = run_cli("adapters", "show", v1.id, home=home)

@@ -8,6 +8,7 @@ import argparse
 from macaron_local.adapters import STORAGE_TYPES, BaseModelInfo, validate_adapter
 from macaron_local.catalog import Catalog
 from macaron_local.cli.common import add_model_option, load_settings, print_json
+from macaron_local.errors import InvalidInputError
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -22,6 +23,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     listing = sub.add_parser("list", help="every adapter version in the registry, and which one is deployed")
     listing.add_argument("--slot", help="only this expert slot (L0..L3)")
+    listing.add_argument("--limit", type=int, default=50, help="the newest N versions (0: all); default 50")
     listing.add_argument("--json", action="store_true")
     add_model_option(listing)
     listing.set_defaults(func=run_list)
@@ -94,13 +96,17 @@ def run_list(args: argparse.Namespace) -> int:
     base_model = _model_name(args.model)
     slot = normalize_slot(args.slot) if args.slot else None
     with open_default_store(load_settings()) as store:
-        versions = store.adapter_versions(slot=slot, base_model=base_model)
+        if args.limit < 0:
+            raise InvalidInputError("--limit must be 0 (all) or more")
+        versions = store.adapter_versions(slot=slot, base_model=base_model, newest=args.limit or None)
     if args.json:
         print_json([vars(v) for v in versions])
         return 0
     if not versions:
         print(f"no adapter versions for {base_model} yet: learning has not produced any")
         return 0
+    if args.limit and len(versions) == args.limit:
+        print(f"(the newest {args.limit}; --limit 0 lists all)")
     for version in versions:
         mark = "*" if version.status == "deployed" else " "
         print(

@@ -545,9 +545,11 @@ class Store:
         with self._reading() as db:
             return registry.get(db, version_id)
 
-    def adapter_versions(self, slot: str | None = None, base_model: str | None = None) -> list[AdapterVersion]:
+    def adapter_versions(
+        self, slot: str | None = None, base_model: str | None = None, newest: int | None = None
+    ) -> list[AdapterVersion]:
         with self._reading() as db:
-            return registry.versions(db, slot, base_model)
+            return registry.versions(db, slot, base_model, newest)
 
     # ----------------------------------------------------------------- forgetting
     def forget(self, conversation_id: str) -> ForgetResult:

@@ -376,14 +376,22 @@ def find_by_base(db: Database, base_model: str, limit: int = PAGE, before: str |
     )
 
 
-def versions(db: Database, slot: str | None = None, base_model: str | None = None) -> list[AdapterVersion]:
+def versions(
+    db: Database, slot: str | None = None, base_model: str | None = None, newest: int | None = None
+) -> list[AdapterVersion]:
+    """Versions oldest first; with `newest`, only the last `newest` of them (a page, not the
+    whole history: the registry may hold a million)."""
     clauses, params = [], []
     for column, value in (("slot", slot), ("base_model", base_model)):
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    return [_version(r) for r in db.query(f"SELECT * FROM adapter_versions {where} ORDER BY created_at, id", params)]
+    if newest is None:
+        rows = db.query(f"SELECT * FROM adapter_versions {where} ORDER BY created_at, id", params)
+        return [_version(r) for r in rows]
+    rows = db.query(f"SELECT * FROM adapter_versions {where} ORDER BY id DESC LIMIT ?", [*params, int(newest)])
+    return [_version(r) for r in rows][::-1]
 
 
 # --------------------------------------------------------------------- deploying
