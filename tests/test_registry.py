@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,3 +134,24 @@ def test_adapters_cli_lists_shows_and_rolls_back(tmp_path, tiny_model):
     assert '"status": "deployed"' in shown.stdout
     empty = run_cli("adapters", "rollback", "L0", "--model", "tiny", home=home)
     assert empty.returncode == 2 and "nothing to roll back" in empty.stderr
+
+
+def test_adapters_gc_removes_only_unreferenced_files(tmp_path, tiny_model):
+    from conftest import run_cli
+
+    from macaron_local.settings import Settings
+    from macaron_local.store import open_default_store
+
+    model = tiny_model("llama", False)
+    home = tmp_path / "home"
+    with open_default_store(Settings.load(home)) as store:
+        kept = store.register_adapter(
+            write_random_adapter(tmp_path / "1.gguf", model, rank=2, seed=1), slot="L0", base_model="tiny", rank=2
+        )
+        orphan = store.adapters_dir / ("0" * 64 + ".gguf")
+        orphan.write_bytes(b"left by a crash")
+    dry = run_cli("adapters", "gc", "--dry-run", home=home)
+    assert dry.returncode == 0 and "would remove 1 unreferenced" in dry.stdout and orphan.exists()
+    done = run_cli("adapters", "gc", home=home)
+    assert done.returncode == 0 and "removed 1 unreferenced" in done.stdout
+    assert not orphan.exists() and Path(kept.path).exists()

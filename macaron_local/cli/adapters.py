@@ -38,6 +38,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     diff.add_argument("--json", action="store_true")
     diff.set_defaults(func=run_diff)
 
+    gc = sub.add_parser("gc", help="delete adapter files no version refers to")
+    gc.add_argument("--dry-run", action="store_true", help="only say what would be deleted")
+    gc.set_defaults(func=run_gc)
+
     rollback = sub.add_parser("rollback", help="serve the previous version of an expert's personal adapter")
     rollback.add_argument("slot", help="L0, L1, L2 or L3 (or chat, agent, coding, ui)")
     add_model_option(rollback)
@@ -189,4 +193,12 @@ def run_diff(args: argparse.Namespace) -> int:
     print("largest changes:")
     for change in weights.largest(5):
         print(f"  {change.tensor:<28} {change.norm_old:.4g} -> {change.norm_new:.4g}  (by {change.distance:.4g})")
+    return 0
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    from macaron_local.store import open_default_store
+
+    with open_default_store(load_settings()) as store:
+        print(store.collect_garbage(dry_run=args.dry_run).summary())
     return 0
