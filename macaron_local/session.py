@@ -23,7 +23,7 @@ from macaron_local.daemon.locks import GeneratingMarker
 from macaron_local.daemon.watch import StoreWatcher
 from macaron_local.engine import AdapterHandle, Completion, Engine, EngineConfig, Generation, GenerationParams
 from macaron_local.engine.template import Message
-from macaron_local.errors import InvalidInputError, MacaronError, ModelError
+from macaron_local.errors import AdapterError, InvalidInputError, MacaronError, ModelError
 from macaron_local.learn.episodes import latest_corrections
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
@@ -114,6 +114,7 @@ class Session:
         self._announced: set[tuple[str, str | None]] = set()  # (slot, version id) already told
         self._listeners: list[Callable[[], None]] = []
         self._watcher: StoreWatcher | None = None
+        self._replaced: list[AdapterHandle] = []  # superseded personal adapters still to free
         self._store = store
         self.conversation_id: str | None = None
         self.leaf_id: str | None = None
@@ -197,14 +198,33 @@ class Session:
             self._personal[slot] = self.engine.load_adapter(path)
 
     def _serve(self, engine: Engine, slot: str, version: AdapterVersion | None) -> None:
-        """Stack `version` (None: nothing) on `slot`'s expert from the next turn on."""
+        """Stack `version` (None: nothing) on `slot`'s expert from the next turn on, and free
+        the version it replaces: night after night, old versions must not pile up in memory."""
+        previous = self._personal.get(slot)
         if version is None:
             self._personal.pop(slot, None)
             self._served.pop(slot, None)
-            return
-        self._personal[slot] = engine.load_adapter(version.path)
-        self._labels[self._personal[slot].key] = f"personal {version.id}"
-        self._served[slot] = version.id
+        else:
+            self._personal[slot] = engine.load_adapter(version.path)
+            self._labels[self._personal[slot].key] = f"personal {version.id}"
+            self._served[slot] = version.id
+        if previous is not None:
+            self._replaced.append(previous)
+        self._free_replaced(engine)
+
+    def _free_replaced(self, engine: Engine) -> None:
+        """Unload superseded adapters nothing serves any more; one still active (the last turn
+        used it) is freed at the next change."""
+        in_use = {h.key for h in (*self._experts.values(), *self._personal.values())}
+        waiting = []
+        for handle in self._replaced:
+            if handle.key in in_use:
+                continue  # the same file serves again (a rollback to it)
+            try:
+                engine.unload_adapter(handle)
+            except AdapterError:
+                waiting.append(handle)
+        self._replaced = waiting
 
     def adapters_for(self, slot: str) -> list[AdapterHandle]:
         """The active set for a turn routed to `slot`: the expert, then the personal adapter."""
@@ -602,6 +622,7 @@ class Session:
             self._engine = None
             self._experts.clear()
             self._personal.clear()
+            self._replaced.clear()
             self._served.clear()
 
     def close(self) -> None:

@@ -105,3 +105,22 @@ def test_a_deployed_file_that_cannot_load_never_breaks_a_turn(tiny_home, tmp_pat
         assert notice.startswith("L0: the new version could not be loaded") and "old one still serves" in notice
         assert session.send("three", params=PARAMS).wait().notices == ()  # not repeated every turn
         assert session.store.deployed_adapter("L0", "tiny").id == bad.id
+
+
+def test_replaced_versions_are_freed_night_after_night(tiny_home, tmp_path):
+    """Five nights of new versions: llama.cpp holds the one being served (and at most the one
+    the last turn used, until the next change), never the whole history."""
+    home, model = tiny_home
+    parent = None
+    with Session(home, engine_config={"n_ctx": 128}) as session:
+        for night in range(5):
+            path = write_random_adapter(tmp_path / f"{night}.gguf", model, 2, seed=night)
+            parent = deploy_elsewhere(home, path, parent=parent.id if parent else None)
+            reply = session.send(f"night {night}", params=PARAMS).wait()
+            assert reply.adapters == (f"personal {parent.id}",)
+            assert len(session.engine.loaded) <= 2, session.engine.loaded
+        assert parent.path in map(str, session.engine.loaded)
+        with open_default_store(home) as other:
+            restored = other.rollback_adapter("L0", "tiny")
+        reply = session.send("after rollback", params=PARAMS).wait()
+        assert reply.adapters == (f"personal {restored.id}",)  # a freed file loads again when rolled back to

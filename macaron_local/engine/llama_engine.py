@@ -211,6 +211,11 @@ class Engine:
                 llama_cpp.llama_adapter_lora_free(handle.pointer)
 
     @property
+    def loaded(self) -> tuple[Path, ...]:
+        """Every adapter file loaded in llama.cpp now (active or not): what it holds in memory."""
+        return tuple(handle.path for handle in self._adapters.values())
+
+    @property
     def active(self) -> tuple[tuple[str, float], ...]:
         """The active set as (adapter key, scale) pairs."""
         return self._active
