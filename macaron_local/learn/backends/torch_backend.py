@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from macaron_local.errors import MacaronError
-from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, first_scored_position
+from macaron_local.learn.backends.base import Batch, Objective, StepOutcome
 
 
 def _require_torch():
@@ -94,18 +94,25 @@ class TorchBackend:
         return values.detach().double().cpu().numpy()
 
     def logprobs(self, batch: Batch):
-        """Only positions from the first scored one get logits (`logits_to_keep`): the prompt's
-        output-layer rows are never used, and skipping them is most of a small model's step."""
+        """Hidden states for every position, but the output layer (vocab-sized: the largest
+        matmul of a small model, and a softmax over 49k entries) only at the scored positions;
+        prompt and padding positions never need logits. Unscored positions come back as 0."""
         torch = self.torch
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
         targets = torch.tensor(batch.targets, dtype=torch.long, device=self.device)
-        start = first_scored_position(batch)
         attention = torch.arange(ids.shape[1], device=self.device)[None, :] < self._lengths(batch)[:, None]
-        logits = self.model(input_ids=ids, attention_mask=attention.long(), logits_to_keep=ids.shape[1] - start).logits
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        hidden = inner.get_decoder()(input_ids=ids, attention_mask=attention.long()).last_hidden_state
+        rows, cols = torch.nonzero(torch.tensor(batch.mask, device=self.device) != 0, as_tuple=True)
+        logits = inner.get_output_embeddings()(hidden[rows, cols])
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()  # log_softmax in at least float32
-        scored = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, start:].unsqueeze(-1)).squeeze(-1)
-        return torch.cat([scored.new_zeros(scored.shape[0], start), scored], dim=1)
+        scale = getattr(inner.config, "final_logit_softcapping", None)
+        if scale:  # the few models that soft-cap their logits (gemma 2) do it after the head
+            logits = torch.tanh(logits / scale) * scale
+        scored = -torch.nn.functional.cross_entropy(logits, targets[rows, cols], reduction="none")
+        out = scored.new_zeros(ids.shape)
+        return out.index_put((rows, cols), scored)
 
     def _lengths(self, batch: Batch):
         """Real (unpadded) lengths: the last scored position + 1, or the prompt length."""
