@@ -154,10 +154,26 @@ class LearningScreen(ModalScreen[None]):
     def render_status(self) -> str:
         status = self.session.learning_status()
         lines = ["# Learning", ""]
+        waiting = status.pending_feedback
         lines.append(
             f"**Learning is {'paused' if status.paused else 'on'}.** "
-            f"{status.pending_feedback} correction(s) and rating(s) wait for the next run."
+            + (
+                "No new corrections, ratings or regenerations since the last run."
+                if not waiting
+                else f"{waiting} new piece{'' if waiting == 1 else 's'} of feedback (corrections, ratings, "
+                f"regenerations) wait{'s' if waiting == 1 else ''} for the next run."
+            )
         )
+        lines += ["", "## Serving now", ""]
+        deployed = self.session.deployed_versions()
+        if not deployed:
+            lines.append("Every expert answers as shipped: no learned version is deployed yet.")
+        for slot, version in sorted(deployed.items()):
+            learned = len(version.feedback_ids)
+            lines.append(
+                f"- **{slot}**: learned version `{version.id}` from {learned} piece{'' if learned == 1 else 's'} "
+                f"of feedback, {version.created_at[:16].replace('T', ' ')} UTC (roll back from the palette)"
+            )
         lines.append("")
         daemon = self.session.daemon_status()
         lines += ["## Nightly run", "", daemon.summary(), ""]
@@ -165,7 +181,7 @@ class LearningScreen(ModalScreen[None]):
             lines.append(f"- {past.started_at[:16].replace('T', ' ')} UTC: {past.outcome} · {past.summary}")
         lines += ["", "## Learning runs", ""]
         if not status.runs:
-            lines.append("Learning has not run yet: no adapter versions exist, so there is nothing to roll back.")
+            lines.append("No learning run yet.")
         for run in status.runs:
             lines.append(
                 f"- **{run.started_at[:16].replace('T', ' ')}** {run.slot or ''}: {run.decision or run.status}"
