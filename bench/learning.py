@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import emit
+
 from macaron_local.adapters import BaseModelInfo
 from macaron_local.engine import Engine, GenerationParams
 from macaron_local.learn import losses
@@ -214,13 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     session.close()
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        print()
-    else:
-        for key, value in report.items():
-            print(f"{key}: {value}")
-    return 0
+    return emit(report, args.json)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ Usage: python bench/registry.py [--json] [--versions N] [--base-models N] [--bat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sqlite3
@@ -37,6 +36,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from common import emit, pct
 
 from macaron_local.store import Store, open_store
 from macaron_local.store.ids import new_id
@@ -141,11 +142,6 @@ def timed(fn: Callable[[], object], n: int) -> list[float]:
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
-
-
 def measure(store: Store, chains: list[tuple[str, str]], seed: int, n: int = QUERIES) -> dict:
     """p50/p99 of resolve, lineage and find on `store` (random chains, tags and base models)."""
     rng = random.Random(seed)
@@ -168,17 +164,17 @@ def measure(store: Store, chains: list[tuple[str, str]], seed: int, n: int = QUE
 
     lineage_loop = timed(loop, n // 10)
     return {
-        "resolve_p50_ms": pct(resolve, 0.5),
-        "resolve_p99_ms": pct(resolve, 0.99),
-        "lineage_p50_ms": pct(lineage, 0.5),
-        "lineage_p99_ms": pct(lineage, 0.99),
-        "lineage_full_p99_ms": pct(lineage_full, 0.99),
+        "resolve_p50_ms": pct(resolve, 0.5, 4),
+        "resolve_p99_ms": pct(resolve, 0.99, 4),
+        "lineage_p50_ms": pct(lineage, 0.5, 4),
+        "lineage_p99_ms": pct(lineage, 0.99, 4),
+        "lineage_full_p99_ms": pct(lineage_full, 0.99, 4),
         "lineage_depth_mean": round(statistics.fmean(depths), 1),
-        "lineage_loop_p99_ms": pct(lineage_loop, 0.99),
-        "find_by_tag_p50_ms": pct(by_tag, 0.5),
-        "find_by_tag_p99_ms": pct(by_tag, 0.99),
-        "find_by_base_p50_ms": pct(by_base, 0.5),
-        "find_by_base_p99_ms": pct(by_base, 0.99),
+        "lineage_loop_p99_ms": pct(lineage_loop, 0.99, 4),
+        "find_by_tag_p50_ms": pct(by_tag, 0.5, 4),
+        "find_by_tag_p99_ms": pct(by_tag, 0.99, 4),
+        "find_by_base_p50_ms": pct(by_base, 0.5, 4),
+        "find_by_base_p99_ms": pct(by_base, 0.99, 4),
     }
 
 
@@ -271,12 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", type=int, default=10_000, help="versions in the reference registry")
     args = parser.parse_args(argv)
     result = bench(args.versions, args.base_models, args.batch, args.files, args.small)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
-    return 0
+    return emit(result, args.json)
 
 
 if __name__ == "__main__":

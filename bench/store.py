@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import multiprocessing as mp
 import random
 import sqlite3
@@ -30,6 +29,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from common import emit, pct
 
 from macaron_local.store import Store, open_store
 from macaron_local.store.ids import new_id, now_iso
@@ -141,11 +142,6 @@ def measure(fn: Callable[[], object], n: int, rng: random.Random) -> list[float]
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
-
-
 def bench(n_messages: int, n_writes: int, n_burners: int) -> dict[str, object]:
     rng = random.Random(5)
     words = vocabulary(rng)
@@ -253,12 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burners", type=int, default=1, help="CPU-bound processes during the busy phases")
     args = parser.parse_args(argv)
     result = bench(args.messages, args.writes, args.burners)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
-    return 0
+    return emit(result, args.json)
 
 
 if __name__ == "__main__":

