@@ -38,6 +38,6 @@ def test_a_write_past_the_limit_is_one_clear_error_and_no_partial_file(tmp_path,
         text=True,
         timeout=120,
     )
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr  # not bad input: the machine is out of space
     assert done.stderr.startswith("error: no space left to write out.gguf") and "Traceback" not in done.stderr
     assert list(target.iterdir()) == []  # neither the file nor its temp file

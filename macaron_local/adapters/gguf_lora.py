@@ -22,6 +22,7 @@ import gguf
 import numpy as np
 
 from macaron_local.errors import AdapterError
+from macaron_local.store.errors import StoreError
 
 LORA_A = ".lora_a"
 LORA_B = ".lora_b"
@@ -118,7 +119,9 @@ def write_adapter(path: str | os.PathLike[str], adapter: LoraAdapter, dtype: str
             writer.close()
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise AdapterError(f"no space left to write {path.name} in {path.parent} ({exc.strerror})") from None
+            raise StoreError(
+                f"no space left to write {path.name} in {path.parent} ({exc.strerror}); free some space and try again"
+            ) from None
         raise
     return path
 
