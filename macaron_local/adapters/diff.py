@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from macaron_local.adapters.gguf_lora import LoraAdapter, LoraPair, read_adapter
+from macaron_local.adapters.gguf_lora import read_adapter, update_factors
 
 
 @dataclass(frozen=True)
@@ -50,18 +50,10 @@ class AdapterDiff:
         return sorted(self.changes, key=lambda c: c.distance, reverse=True)[:n]
 
 
-def _factors(adapter: LoraAdapter, pair: LoraPair) -> tuple[np.ndarray, np.ndarray]:
-    """(B * scale, A) as float64 with the update = B @ A; llama.cpp's scale is alpha / rank."""
-    a, b = pair.a.astype(np.float64), pair.b.astype(np.float64)
-    if a.shape[-2] != b.shape[-1]:  # token_embd keeps A as (vocab, r): the update is (B @ A^T)^T
-        a = a.T
-    rank = a.shape[0]
-    return b * (adapter.alpha / rank if adapter.alpha else 1.0), a
-
-
 def _inner(x: tuple[np.ndarray, np.ndarray], y: tuple[np.ndarray, np.ndarray]) -> float:
-    (b1, a1), (b2, a2) = x, y
-    return float(np.sum((b1.T @ b2) * (a1 @ a2.T)))
+    """<L1 R1, L2 R2>_F for updates given as factor pairs (rank-sized products only)."""
+    (l1, r1), (l2, r2) = x, y
+    return float(np.sum((l1.T @ l2) * (r1 @ r2.T)))
 
 
 def diff_adapters(old: Path | None, new: Path) -> AdapterDiff:
@@ -72,8 +64,8 @@ def diff_adapters(old: Path | None, new: Path) -> AdapterDiff:
     old_pairs = old_adapter.pairs if old_adapter else {}
     changes = []
     for tensor in sorted(set(old_pairs) | set(new_adapter.pairs)):
-        n = _factors(new_adapter, new_adapter.pairs[tensor]) if tensor in new_adapter.pairs else None
-        o = _factors(old_adapter, old_pairs[tensor]) if old_adapter and tensor in old_pairs else None
+        n = update_factors(new_adapter, tensor) if tensor in new_adapter.pairs else None
+        o = update_factors(old_adapter, tensor) if old_adapter and tensor in old_pairs else None
         nn_ = _inner(n, n) if n else 0.0
         oo = _inner(o, o) if o else 0.0
         no = _inner(n, o) if n and o else 0.0

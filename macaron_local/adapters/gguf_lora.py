@@ -66,6 +66,19 @@ class LoraAdapter:
         return {pair.rank for pair in self.pairs.values()}
 
 
+def update_factors(adapter: LoraAdapter, tensor: str) -> tuple[np.ndarray, np.ndarray]:
+    """(left, right) in float64 whose product is the update llama.cpp adds to `tensor`, in the
+    base tensor's numpy orientation, with llama.cpp's scale (alpha / rank; 1 when alpha is 0).
+    `token_embd` is kept as A (vocab, r) and B (embd, r), so its update is A @ B^T."""
+    pair = adapter.pairs[tensor]
+    a, b = pair.a.astype(np.float64), pair.b.astype(np.float64)
+    if tensor == "token_embd.weight":
+        left, right, rank = a, b.T, a.shape[-1]
+    else:
+        left, right, rank = b, a, pair.rank
+    return left * (adapter.alpha / rank if adapter.alpha else 1.0), right
+
+
 def _encode(values: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     """Convert float values to the bytes of `qtype`; F32/F16 stay typed arrays."""
     values = np.ascontiguousarray(values, dtype=np.float32)

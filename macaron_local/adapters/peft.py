@@ -19,7 +19,7 @@ import numpy as np
 from safetensors import safe_open
 
 from macaron_local.adapters.gguf_lora import LoraAdapter, LoraPair, permute_llama_qk_rows, write_adapter
-from macaron_local.adapters.validate import TOKEN_EMBD, BaseModelInfo, validate_adapter
+from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
 from macaron_local.errors import AdapterError
 
 CONFIG_FILE = "adapter_config.json"
@@ -78,8 +78,23 @@ def _module_scale(config: dict, module: str, rank: int) -> float:
     return alpha / denom
 
 
-def _gguf_name(module: str, name_map: gguf.TensorNameMap) -> str | None:
-    return name_map.get_name(module + ".weight", try_suffixes=(".weight", ".bias"))
+def tensor_name_map(base: BaseModelInfo) -> gguf.TensorNameMap | None:
+    """gguf-py's HF <-> GGUF tensor name map for the base's architecture (None: unknown to gguf-py)."""
+    arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == base.architecture), None)
+    return None if arch is None else gguf.get_tensor_name_map(arch, max(base.n_layer, 1))
+
+
+def gguf_name(name_map: gguf.TensorNameMap, hf_parameter: str) -> str | None:
+    """`model.layers.0.self_attn.q_proj.weight` -> `blk.0.attn_q.weight` (None: no such tensor)."""
+    return name_map.get_name(hf_parameter, try_suffixes=(".weight", ".bias"))
+
+
+def qk_permuted_heads(base: BaseModelInfo, tensor: str) -> int | None:
+    """The head count whose q/k row permutation the HF->GGUF conversion applied to `tensor`
+    (None: its rows are in HF order)."""
+    role = tensor.split(".")[-2] if tensor.startswith("blk.") else ""
+    key = PERMUTED_QK.get(base.architecture, {}).get(role)
+    return getattr(base, key) if key else None
 
 
 def convert_peft_dir(
@@ -118,11 +133,9 @@ def convert_peft_dir(
 
 
 def _convert(config: dict, tensors: dict[str, np.ndarray], base: BaseModelInfo, where: Path) -> LoraAdapter:
-    try:
-        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == base.architecture)
-    except StopIteration:
-        raise AdapterError(f"{where}: architecture {base.architecture!r} is unknown to gguf-py") from None
-    name_map = gguf.get_tensor_name_map(arch, max(base.n_layer, 1))
+    name_map = tensor_name_map(base)
+    if name_map is None:
+        raise AdapterError(f"{where}: architecture {base.architecture!r} is unknown to gguf-py")
 
     modules: dict[str, dict[str, np.ndarray]] = {}
     for key, values in tensors.items():
@@ -144,7 +157,7 @@ def _convert(config: dict, tensors: dict[str, np.ndarray], base: BaseModelInfo, 
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
     pairs: dict[str, LoraPair] = {}
     for module, halves in sorted(modules.items()):
-        target = _gguf_name(module, name_map)
+        target = gguf_name(name_map, module + ".weight")
         if target is None or target not in base.tensors:
             raise AdapterError(f"{where}: module {module} has no tensor in the {base.architecture} base model")
         if "EA" in halves or "EB" in halves:
@@ -157,10 +170,8 @@ def _convert(config: dict, tensors: dict[str, np.ndarray], base: BaseModelInfo, 
             a, b = halves["A"], halves["B"]
             rank = a.shape[-2]
         b = b * (_module_scale(config, module, rank) * rank / alpha)
-        role = target.split(".")[-2] if target != TOKEN_EMBD else ""
-        heads_key = PERMUTED_QK.get(base.architecture, {}).get(role)
-        if heads_key:
-            b = permute_llama_qk_rows(b, getattr(base, heads_key))
+        if (heads := qk_permuted_heads(base, target)) is not None:
+            b = permute_llama_qk_rows(b, heads)
         pairs[target] = LoraPair(np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32))
     if not pairs:
         raise AdapterError(f"{where}: the PEFT adapter holds no LoRA weights")

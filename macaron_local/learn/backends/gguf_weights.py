@@ -15,8 +15,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from macaron_local.adapters.gguf_lora import field_value, read_adapter, unpermute_llama_qk_rows
-from macaron_local.adapters.peft import PERMUTED_QK
+from macaron_local.adapters.gguf_lora import field_value, read_adapter, unpermute_llama_qk_rows, update_factors
+from macaron_local.adapters.peft import gguf_name, qk_permuted_heads, tensor_name_map
 from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
 from macaron_local.errors import ModelError
 
@@ -25,21 +25,10 @@ SUPPORTED = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 def name_map(base: BaseModelInfo) -> gguf.TensorNameMap:
-    arch = next((k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == base.architecture), None)
-    if arch is None:
+    names = tensor_name_map(base)
+    if names is None:
         raise ModelError(f"architecture {base.architecture!r} is unknown to gguf-py")
-    return gguf.get_tensor_name_map(arch, max(base.n_layer, 1))
-
-
-def gguf_name(names: gguf.TensorNameMap, hf_parameter: str) -> str | None:
-    """`model.layers.0.self_attn.q_proj.weight` -> `blk.0.attn_q.weight` (None: no such tensor)."""
-    return names.get_name(hf_parameter, try_suffixes=(".weight", ".bias"))
-
-
-def _qk_heads(base: BaseModelInfo, tensor: str) -> int | None:
-    role = tensor.split(".")[-2] if tensor.startswith("blk.") else ""
-    key = PERMUTED_QK.get(base.architecture, {}).get(role)
-    return getattr(base, key) if key else None
+    return names
 
 
 def hf_config(path: Path) -> dict:
@@ -90,7 +79,7 @@ def load_hf_weights(path: Path, hf_parameters: Iterable[str]) -> dict[str, np.nd
         tensor = tensors[tensor_name]
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         values = values.reshape(tuple(int(d) for d in reversed(tensor.shape.tolist())))
-        if (heads := _qk_heads(base, tensor_name)) is not None:
+        if (heads := qk_permuted_heads(base, tensor_name)) is not None:
             values = unpermute_llama_qk_rows(values, heads)
         weights[parameter] = values
     return weights
@@ -108,17 +97,13 @@ def frozen_deltas(adapter_path: Path, base: BaseModelInfo, hf_weights: Iterable[
     names = name_map(base)
     by_tensor = {gguf_name(names, w): w for w in hf_weights}
     deltas = {}
-    for tensor_name, pair in adapter.pairs.items():
+    for tensor_name in adapter.pairs:
         parameter = by_tensor.get(tensor_name)
         if parameter is None:
             raise ModelError(f"{adapter_path.name}: the trainer has no layer for {tensor_name}")
-        a, b = pair.a.astype(np.float64), pair.b.astype(np.float64)
-        if tensor_name == "token_embd.weight":  # llama.cpp keeps it as (vocab, r) and (embd, r)
-            rank, delta = a.shape[-1], a @ b.T
-        else:
-            rank, delta = pair.rank, b @ a
-        delta = delta * (adapter.alpha / rank if adapter.alpha else 1.0)  # llama.cpp's own scaling
-        if (heads := _qk_heads(base, tensor_name)) is not None:
+        left, right = update_factors(adapter, tensor_name)
+        delta = left @ right
+        if (heads := qk_permuted_heads(base, tensor_name)) is not None:
             delta = unpermute_llama_qk_rows(delta, heads)
         deltas[parameter] = delta.astype(np.float32)
     return deltas

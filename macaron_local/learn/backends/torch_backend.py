@@ -140,10 +140,7 @@ class TorchBackend:
 
     def train_step(self, batch: Batch, objective: Objective, with_reference: bool = True) -> StepOutcome:
         loss, parts = self._loss(batch, objective, with_reference)
-        loss.backward()
-        norm = float(self.torch.nn.utils.clip_grad_norm_(self._trainable(), 1.0))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        norm = self.step(loss)
         return StepOutcome(float(loss.detach()), {k: float(v.detach()) for k, v in parts.items()}, norm)
 
     def gradients(self, batch: Batch, objective: Objective) -> dict[str, np.ndarray]:
