@@ -68,7 +68,7 @@ def store_of(app: MacaronApp):
 async def test_send_streams_a_reply_and_records_the_turn(settings):
     app = MacaronApp(settings)
     async with app.run_test(size=SIZE) as pilot:
-        await send(pilot, app, "What is the capital of France?")
+        await send(pilot, app, "What is the capital of France? Answer in one word.")
         views = replies(app)
         assert len(views) == 1 and "Paris" in views[0].text
         assert views[0].tag.startswith("L0 Chat")
