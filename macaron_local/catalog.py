@@ -148,7 +148,8 @@ class Profile:
             source=source,
             repo=str(data.get("repo", "")),
             revision=str(data.get("revision", "")),
-            subfolder=str(data.get("subfolder", "")).strip("/"),
+            # A local folder may be absolute; inside a repo or package, a path is relative.
+            subfolder=str(data.get("subfolder", "")).rstrip("/").lstrip("/" if source != "path" else ""),
             package=str(data.get("package", "")),
             license=str(data.get("license", "")),
             files=tuple(files),
