@@ -331,3 +331,17 @@ def test_a_config_kept_in_git_is_checked_against_its_blob_id(hub, catalog, fake_
         pull(catalog, fake_tall, progress=False)
     assert not (catalog.model_dir(fake_tall) / "loras/L0/adapter_config.json").exists()
     assert hub.gets("cdn") == []
+
+
+def test_the_first_run_offer_states_the_whole_tall_download(hub, catalog, published):
+    from macaron_ui.screens.first_run import tall_offer
+
+    tall = catalog.get("tall")
+    offline = plan_pull(catalog, tall, online=False)  # what the screen shows before any network
+    text, fits = tall_offer(offline, free_bytes=100 * 10**9)
+    assert text == "Tall: Qwen3.6-35B-A3B + 4 experts · download about 60 GB, needs 80 GB of disk (100 GB free)"
+    assert fits and not tall_offer(offline, free_bytes=70 * 10**9)[1]
+    assert hub.requests == []
+    online = plan_pull(catalog, tall)  # once Tall is chosen: exact sizes from the (fake) hub
+    assert online.total_bytes == sum(len(d) for d in published.values()) + sum(f.size for f in online.files[-4:])
+    assert "download 0 GB" in tall_offer(online, free_bytes=100 * 10**9)[0]
