@@ -345,3 +345,15 @@ def test_the_first_run_offer_states_the_whole_tall_download(hub, catalog, publis
     online = plan_pull(catalog, tall)  # once Tall is chosen: exact sizes from the (fake) hub
     assert online.total_bytes == sum(len(d) for d in published.values()) + sum(f.size for f in online.files[-4:])
     assert "download 0 GB" in tall_offer(online, free_bytes=100 * 10**9)[0]
+
+
+def test_a_pulled_fake_tall_answers_through_llama_cpp_with_its_q8_0_experts(hub, catalog, fake_tall):
+    pull(catalog, fake_tall, progress=False)
+    catalog.settings.save(max_tokens=8)
+    result = run_cli(
+        "ask", "--model", "tall-fake", "--expert", "coding", "--json", "hi", home=catalog.settings.data_dir.parent
+    )
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert (answer["expert"], answer["adapters"]) == ("L2", ["L2.gguf"])
+    assert answer["completion_tokens"] > 0
