@@ -17,9 +17,10 @@ partials, so later pulls skip it without touching the network. A file the hub ke
 than LFS (an expert's adapter_config.json) is checked against its git blob id, the hub's ETag.
 
 Measured reason for not handing whole files to `hf_hub_download`/`snapshot_download`:
-`bench/hf_resume.py` cuts a transfer halfway against the local fake hub; huggingface_hub 2.4.0
-serves the whole file again on the retry, this module only the missing part. huggingface_hub still
-does the rest: URLs, metadata (`get_hf_file_metadata`, `get_paths_info` for the dry-run plan),
+`bench/hf_resume.py` cuts a transfer halfway against the local fake hub and runs it again:
+`hf_hub_download` (huggingface_hub 2.4.0) fetches the whole file again, this module only the
+missing half. Nor does `hf_hub_download` hash what it downloaded. huggingface_hub still does the
+rest: URLs, metadata (`get_hf_file_metadata`, `get_paths_info` for the dry-run plan),
 headers and token, redirects, the streaming `http_get`, and its errors.
 
 An expert published as a PEFT folder is fetched file by file (`files` in the manifest), its
