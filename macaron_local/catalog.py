@@ -200,6 +200,9 @@ class Manifest:
     #: A Hugging Face checkpoint of the same base for the trainer, when transformers or mlx-lm
     #: cannot rebuild the model from its GGUF (a new MoE architecture); None: train from the GGUF.
     trainer_checkpoint: str | None = None
+    #: The folder inside `trainer_checkpoint`'s repository that holds it (Mind Lab publishes
+    #: Tall's BF16 base under `base/` next to the experts); None: the repository's root.
+    trainer_subfolder: str | None = None
     #: The routing profile's files (None: the model has none; the router's fallback applies).
     profile: Profile | None = None
 
@@ -226,6 +229,7 @@ class Manifest:
             origin=path,
             builtin=builtin,
             trainer_checkpoint=data.get("training", {}).get("checkpoint"),
+            trainer_subfolder=(data.get("training", {}).get("subfolder") or "").strip("/") or None,
             profile=Profile.from_dict(data["profile"], f"{where} [profile]") if "profile" in data else None,
         )
 
@@ -303,6 +307,29 @@ class Catalog:
         if expert.source.kind == "path" and expert.source.format == "gguf":
             return Path(expert.source.file).expanduser()
         return self.model_dir(manifest) / "experts" / f"{slot}.gguf"
+
+    def trainer_checkpoint(self, manifest: Manifest) -> str | None:
+        """What the trainer loads: the manifest's checkpoint (a repo id or a folder), or, when it
+        names a subfolder, that folder inside the local copy (the hub cache, never downloaded
+        here: learning makes no network access)."""
+        repo, sub = manifest.trainer_checkpoint, manifest.trainer_subfolder
+        if not repo or not sub:
+            return repo
+        local = Path(repo).expanduser()
+        if local.is_dir():
+            return str(local / sub)
+        from huggingface_hub import snapshot_download
+
+        fetch = f"download it once with `hf download {repo} --include '{sub}/*'`"
+        try:
+            root = Path(snapshot_download(repo, allow_patterns=[f"{sub}/*"], local_files_only=True))
+        except Exception as exc:  # huggingface_hub's LocalEntryNotFoundError and kin
+            if type(exc).__module__.split(".")[0] != "huggingface_hub":
+                raise
+            root = Path("/nonexistent")
+        if not (root / sub / "config.json").is_file():
+            raise ModelError(f"the trainer needs {repo} {sub}/ on this machine; {fetch}")
+        return str(root / sub)
 
     def profile_path(self, manifest: Manifest, role: str) -> Path | None:
         """Where the profile file for `role` is (or will be, once pulled); None when the

@@ -357,3 +357,20 @@ def test_a_pulled_fake_tall_answers_through_llama_cpp_with_its_q8_0_experts(hub,
     answer = json.loads(result.stdout)
     assert (answer["expert"], answer["adapters"]) == ("L2", ["L2.gguf"])
     assert answer["completion_tokens"] > 0
+
+
+def test_the_trainer_checkpoint_is_the_base_folder_of_the_local_copy_and_never_downloaded(hub, catalog):
+    from huggingface_hub import hf_hub_download
+
+    tall = catalog.get("tall")
+    assert (tall.trainer_checkpoint, tall.trainer_subfolder) == (EXPERTS_REPO, "base")
+    with pytest.raises(ModelError, match=rf"download it once with `hf download {EXPERTS_REPO} --include 'base/\*'`"):
+        catalog.trainer_checkpoint(tall)
+    assert hub.requests == []  # looked in the local cache only
+
+    hub.files[(EXPERTS_REPO, "base/config.json")] = b'{"model_type": "qwen3_5_moe"}'
+    hf_hub_download(EXPERTS_REPO, "base/config.json")  # what `hf download --include` leaves in the cache
+    hub.reset_counters()
+    folder = Path(catalog.trainer_checkpoint(tall))
+    assert folder.name == "base" and json.loads((folder / "config.json").read_text())["model_type"] == "qwen3_5_moe"
+    assert hub.requests == []
