@@ -246,6 +246,9 @@ class Manifest:
             if expert.source:
                 entry.update(expert.source.to_dict())
             data["experts"][slot] = entry
+        if self.trainer_checkpoint:
+            training = {"checkpoint": self.trainer_checkpoint}
+            data["training"] = training | ({"subfolder": self.trainer_subfolder} if self.trainer_subfolder else {})
         if self.profile is not None:
             data["profile"] = self.profile.to_dict()
         return tomli_w.dumps(data)
@@ -288,13 +291,7 @@ class Catalog:
 
     def source_path(self, manifest: Manifest, source: Source) -> Path:
         if source.kind == "package":
-            try:
-                root = importlib.resources.files(source.package)
-            except ModuleNotFoundError:
-                raise ModelError(
-                    f"model {manifest.name!r} needs the Python package {source.package!r}; reinstall macaron-local"
-                ) from None
-            return Path(str(root / source.file))
+            return _package_file(manifest, source.package, source.file)
         if source.kind == "path":
             return Path(source.file).expanduser()
         return self.model_dir(manifest) / source.subfolder / source.file
@@ -341,14 +338,7 @@ class Catalog:
         if profile.source == "github":
             return self.model_dir(manifest) / "profile" / entry.file
         if profile.source == "package":
-            try:
-                root = importlib.resources.files(profile.package)
-            except ModuleNotFoundError:
-                raise ModelError(
-                    f"model {manifest.name!r} needs the Python package {profile.package!r}; reinstall macaron-local"
-                ) from None
-            folder = root.joinpath(*profile.subfolder.split("/")) if profile.subfolder else root
-            return Path(str(folder / entry.file))
+            return _package_file(manifest, profile.package, "/".join(p for p in (profile.subfolder, entry.file) if p))
         folder = Path(profile.subfolder).expanduser()
         if not folder.is_absolute() and manifest.origin is not None:
             folder = manifest.origin.parent / folder
@@ -410,3 +400,13 @@ class Catalog:
         target.parent.mkdir(parents=True, exist_ok=True)
         write_private_atomic(target, manifest.to_toml().encode())
         return Manifest.from_toml(target)
+
+
+def _package_file(manifest: Manifest, package: str, file: str) -> Path:
+    """A file shipped inside an installed Python package (`file` may name a subfolder)."""
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError:
+        missing = f"model {manifest.name!r} needs the Python package {package!r}; reinstall macaron-local"
+        raise ModelError(missing) from None
+    return Path(str(root.joinpath(*file.split("/"))))

@@ -96,11 +96,8 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, published):
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.setenv("MACARON_HOME", str(tmp_path / "home"))
-    settings = Settings.load()
-    settings.ensure_dirs()
-    return settings
+def settings(home: Settings) -> Settings:
+    return home  # conftest's isolated MACARON_HOME (subprocesses get it via run_cli's home=)
 
 
 @pytest.fixture
