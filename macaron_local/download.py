@@ -13,7 +13,20 @@ its ETag under `<model dir>/.pull/`, and the next pull hands that file's size to
 A file is trusted only once its size matches the hub, its sha256 matches (the manifest's pin, or
 the hub's LFS ETag, which is the sha256) and it parses (a GGUF base) or validates against the
 base (an adapter). Only then is it moved into place and a small record written next to the
-partials, so later pulls skip it without touching the network. Every failure a user can meet
+partials, so later pulls skip it without touching the network. A file the hub keeps in git rather
+than LFS (an expert's adapter_config.json) is checked against its git blob id, the hub's ETag.
+
+Measured reason for not handing whole files to `hf_hub_download`/`snapshot_download`:
+`bench/hf_resume.py` cuts a transfer halfway against the local fake hub and runs it again:
+`hf_hub_download` (huggingface_hub 2.4.0) fetches the whole file again, this module only the
+missing half. Nor does `hf_hub_download` hash what it downloaded. huggingface_hub still does the
+rest: URLs, metadata (`get_hf_file_metadata`, `get_paths_info` for the dry-run plan),
+headers and token, redirects, the streaming `http_get`, and its errors.
+
+An expert published as a PEFT folder is fetched file by file (`files` in the manifest), its
+adapter_config.json first: `expert_checks` refuses a wrong rank or base before the weights are
+fetched or the base downloaded. Profile files come from GitHub, pinned (`profile_fetch`). Every
+failure a user can meet
 (no network, 404, gated repo, full disk, corrupt transfer) becomes one `DownloadError` or
 `ModelError` line; the token never appears in any message.
 """
@@ -37,13 +50,18 @@ from macaron_local.adapters.peft import CONFIG_FILE, WEIGHTS_FILE, convert_peft_
 from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
 from macaron_local.catalog import Catalog, Manifest, Source
 from macaron_local.errors import DownloadError, MacaronError, ModelError
+from macaron_local.expert_checks import check_peft_config
 from macaron_local.hashing import sha256_file
+from macaron_local.profile_fetch import fetch_profile
 
 #: Inside a model's folder: partial downloads, locks and records of verified files.
 PULL_DIR = ".pull"
 DEFAULT_ENDPOINT = "https://huggingface.co"
 LOGIN_HINT = "log in with `macaron auth login`"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_GIT_OID = re.compile(r"^[0-9a-f]{40}$")
+#: The storage type a PEFT expert is converted to when its manifest names none.
+DEFAULT_EXPERT_TYPE = "F16"
 #: A transfer that keeps failing is retried (with a fresh CDN link) only while it makes progress,
 #: and never more often than this.
 _MAX_TRANSFER_ATTEMPTS = 20
@@ -65,6 +83,7 @@ class PullResult:
     files: list[Path] = field(default_factory=list)
     downloaded_bytes: int = 0
     skipped: list[str] = field(default_factory=list)  # labels of items that were already present
+    profiles: list[Path] = field(default_factory=list)  # the routing profile's files
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,6 +126,7 @@ class _HubFile:
     dest: Path
     model_dir: Path
     pinned_sha256: str | None = None  # from the manifest: authoritative
+    lfs: bool = True  # False: the hub's ETag is the git blob id (sha1) of the bytes
     declared_size: int | None = None  # from the manifest: an upper bound for the disk check
     check: Callable[[Path], None] | None = None  # parses / validates a finished download
     # Filled in by _probe (a HEAD request); left empty when the file is already here.
@@ -219,7 +239,7 @@ def pull(
             job.peft_dir = peft_dir
             job.inputs = [
                 _hub_file(catalog, manifest, src, f"{job.label} {name}", peft_dir / name, None, name)
-                for name in (CONFIG_FILE, WEIGHTS_FILE)
+                for name in _peft_files(src, manifest, job.label)
             ]
             hub_files.extend(job.inputs)
         elif src.kind == "huggingface":
@@ -243,16 +263,28 @@ def pull(
     needed = sum(_remaining(item) for item in hub_files if not item.present)
     for job in experts:
         if job.peft_dir is not None and job.needs_build(base_path):
-            # The converted adapter is about the size of the PEFT weights (F16 from F16/BF16).
             weights = job.peft_dir / WEIGHTS_FILE
-            remote = [f.size or 0 for f in job.inputs if f.dest.name == WEIGHTS_FILE]
-            needed += _size_of(weights) or sum(remote)
+            remote = [max(f.size or 0, f.declared_size or 0) for f in job.inputs if f.dest.name == WEIGHTS_FILE]
+            needed += converted_size_bound(_size_of(weights) or sum(remote), job.dtype)
         elif job.copy_from is not None and job.needs_copy():
             needed += _size_of(job.copy_from)
     if needed:
         check_free_disk(model_dir, needed)
 
-    # 3. Fetch, verify and place: the base first, since adapters are validated against it.
+    # 3. Fetch, verify and place. First what is small and can refuse the model early: the
+    # profile files, and each PEFT expert's config (its rank and base are checked before the
+    # large weights, or the base, are fetched).
+    result.profiles, skipped_profiles, profile_bytes = fetch_profile(catalog, manifest)
+    result.downloaded_bytes += profile_bytes
+    changed_configs: set[str] = set()
+    for job in experts:
+        for item in job.inputs:
+            if item.dest.name == CONFIG_FILE:
+                if _fetch_or_skip(item, hub, result, report_skip=False):
+                    changed_configs.add(job.slot)
+                _check_expectations(job, item)
+
+    # Then the base, since adapters are validated against it.
     if base_file is not None:
         _fetch_or_skip(base_file, hub, result)
     else:
@@ -260,7 +292,7 @@ def pull(
     result.files.append(base_path)
 
     for job in experts:
-        changed = False
+        changed = job.slot in changed_configs
         for item in job.inputs:
             changed |= _fetch_or_skip(item, hub, result, report_skip=False)
         if job.download is not None:
@@ -276,7 +308,38 @@ def pull(
         if not changed:
             result.skipped.append(job.label)
         result.files.append(job.out)
+    result.skipped.extend(skipped_profiles)
     return result
+
+
+def _peft_files(source: Source, manifest: Manifest, label: str) -> list[str]:
+    """The files of a PEFT folder to fetch, adapter_config.json first (it is checked first)."""
+    names = list(source.files) or [CONFIG_FILE, WEIGHTS_FILE]
+    missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if n not in names]
+    if missing:
+        raise ModelError(f"model {manifest.name!r}: {label} files must include {', '.join(missing)}")
+    return sorted(dict.fromkeys(names), key=lambda n: n != CONFIG_FILE)
+
+
+def _check_expectations(job: _ExpertJob, config: _HubFile) -> None:
+    """Refuse an expert whose config contradicts the manifest; its config is discarded so the
+    next pull asks the hub again instead of trusting the refused file."""
+    try:
+        check_peft_config(config.dest, job.source, job.label)
+    except MacaronError:
+        config.dest.unlink(missing_ok=True)
+        config.record_path.unlink(missing_ok=True)
+        raise
+
+
+def converted_size_bound(peft_weight_bytes: int, dtype: str) -> int:
+    """An upper bound on the GGUF adapter converted from PEFT weights of this size: PEFT stores
+    at least 2 bytes per value (F16/BF16; F32 is 4), the GGUF type its own bytes per value."""
+    import gguf
+
+    qtype = getattr(gguf.GGMLQuantizationType, dtype, None)
+    block, type_size = gguf.GGML_QUANT_SIZES.get(qtype, (1, 2)) if qtype is not None else (1, 2)
+    return int(peft_weight_bytes * type_size / block / 2) + (1 << 20)
 
 
 @dataclass
@@ -292,11 +355,16 @@ class _ExpertJob:
     peft_dir: Path | None = None  # PEFT files to convert (downloaded or local)
     copy_from: Path | None = None  # a local GGUF adapter to copy into place
 
+    @property
+    def dtype(self) -> str:
+        """The GGUF storage type a PEFT source is converted to."""
+        return self.source.type or DEFAULT_EXPERT_TYPE
+
     def build_inputs(self, base_path: Path) -> list[str]:
         """What the converted adapter was made from: if any of it changes, convert again."""
         assert self.peft_dir is not None
         files = [self.peft_dir / CONFIG_FILE, self.peft_dir / WEIGHTS_FILE, base_path]
-        return [f"{p}:{_stamp(p)}" for p in files]
+        return [f"{p}:{_stamp(p)}" for p in files] + [f"type:{self.dtype}"]
 
     def needs_build(self, base_path: Path) -> bool:
         if not self.out.is_file():
@@ -334,9 +402,10 @@ def _hub_file(
         repo_path=repo_path,
         dest=dest,
         model_dir=model_dir,
-        # A PEFT source's sha256 and size cannot describe two files: single-file sources only.
+        # A PEFT source's sha256 cannot describe two files: single-file sources only. Its size
+        # bounds the whole folder, which is in practice its weights file.
         pinned_sha256=_normalize_sha256(source.sha256) if source.sha256 and not name else None,
-        declared_size=source.size if not name else None,
+        declared_size=source.size if not name or name == WEIGHTS_FILE else None,
         check=check,
     )
 
@@ -367,6 +436,9 @@ def _probe(item: _HubFile, hub: _Hub) -> None:
             f"{item.repo_path} (no commit or ETag header); check HF_ENDPOINT and any proxy"
         )
     item.etag, item.commit, item.size = meta.etag, meta.commit_hash, meta.size
+    # An LFS file's metadata comes from the hub's redirect (X-Linked-Etag is its sha256);
+    # a file kept in git is answered in place and its ETag is the git blob id.
+    item.lfs = bool(_SHA256.match(item.etag)) or not _GIT_OID.match(item.etag)
     item.download_url = meta.location or item.url
     # The hub redirects large files to a signed CDN URL: the token must not follow it there.
     item.send_auth = _origin(item.download_url) == _origin(item.url)
@@ -402,6 +474,7 @@ def _fetch_or_skip(item: _HubFile, hub: _Hub, result: PullResult, report_skip: b
             result.skipped.append(item.label)
         return False
     result.downloaded_bytes += _fetch(item, hub)
+    item.present = True
     return True
 
 
@@ -509,6 +582,14 @@ def _verify_and_place(item: _HubFile) -> None:
                 f"{item.source.repo} {item.repo_path}: downloaded sha256 {got} does not match "
                 f"{expected}; the download was discarded, run the pull again"
             )
+    elif not item.lfs:
+        got = _git_blob_id(partial)
+        if got != item.etag:
+            partial.unlink(missing_ok=True)
+            raise ModelError(
+                f"{item.source.repo} {item.repo_path}: downloaded git blob id {got} does not match "
+                f"the hub's {item.etag}; the download was discarded, run the pull again"
+            )
     if item.check is not None:
         try:
             item.check(partial)
@@ -524,6 +605,17 @@ def _verify_and_place(item: _HubFile) -> None:
     _write_record(item)
 
 
+def _git_blob_id(path: Path) -> str:
+    """Git's object id of a file's bytes (what the hub sends as the ETag of a non-LFS file)."""
+    import hashlib
+
+    digest = hashlib.sha1(b"blob %d\0" % _size_of(path), usedforsecurity=False)
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _check_base(path: Path) -> None:
     info = BaseModelInfo.from_gguf(path)
     if info.kind == "adapter":
@@ -537,9 +629,10 @@ def _check_adapter(path: Path, base: BaseModelInfo) -> None:
 
 def _convert(job: _ExpertJob, base: BaseModelInfo, base_path: Path) -> None:
     assert job.peft_dir is not None
+    check_peft_config(job.peft_dir / CONFIG_FILE, job.source, job.label)  # local folders too
     job.out.parent.mkdir(parents=True, exist_ok=True)
     task = f"{job.slot} {job.label.split(' ', 2)[-1]}"
-    convert_peft_dir(job.peft_dir, base, job.out, task_name=task)
+    convert_peft_dir(job.peft_dir, base, job.out, dtype=job.dtype, task_name=task)
     record = {"inputs": job.build_inputs(base_path), "stamp": _stamp(job.out)}
     _write_json(_build_record(job.out), record)
 

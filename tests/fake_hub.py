@@ -18,6 +18,13 @@ It is a real HTTP server (two, in fact) on 127.0.0.1 that answers the requests h
   a token, 404 with one), ``GatedRepo`` (401 without a token) and 401 "Invalid credentials in
   Authorization header" for a wrong token.
 
+* ``POST {endpoint}/api/models/{repo_id}/paths-info/{revision}`` (`HfApi.get_paths_info`, form
+  fields ``paths`` and ``expand``): a JSON list with one entry per path that exists, a file's
+  ``size`` and git ``oid``, and for LFS files ``lfs: {oid: sha256, size, pointerSize}``; paths
+  that do not exist are left out, as the hub does. A folder path is listed as a directory.
+* A third server stands in for GitHub's raw-content host: ``GET /{owner}/{repo}/{commit}/{path}``
+  serves `github_files`; `use_fake_hub` points ``MACARON_GITHUB_RAW_URL`` at it.
+
 It counts requests and body bytes served, can cut the next transfer off after N bytes (a dropped
 connection) and can then stay down (503 to everything: a pull that dies and is run again later).
 `use_fake_hub` points an already-imported huggingface_hub at it.
@@ -32,12 +39,14 @@ import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
 LFS_SUFFIXES = (".gguf", ".safetensors", ".bin")
 RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<revision>[^/]+)/(?P<path>.+)$")
+PATHS_INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/paths-info/(?P<revision>[^/]+)$")
+RAW = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/(?P<commit>[0-9a-f]{40})/(?P<path>.+)$")
 BLOB = re.compile(r"^/blobs/(?P<sha>[0-9a-f]{64})$")
 
 
@@ -45,7 +54,7 @@ BLOB = re.compile(r"^/blobs/(?P<sha>[0-9a-f]{64})$")
 class Request:
     """One request as the server saw it."""
 
-    server: str  # "hub" or "cdn"
+    server: str  # "hub", "cdn" or "github"
     method: str
     path: str
     range: str | None
@@ -66,6 +75,8 @@ class FakeHub:
         gated: tuple[str, ...] | set[str] = (),
     ) -> None:
         self.files: dict[tuple[str, str], bytes] = dict(files or {})
+        #: GitHub raw files: {(owner/repo, commit, path): bytes}
+        self.github_files: dict[tuple[str, str, str], bytes] = {}
         self.token = token
         self.gated: set[str] = set(gated)
         #: Bytes to send instead of a file's real content while advertising the real ETag/size
@@ -76,12 +87,14 @@ class FakeHub:
         self.requests: list[Request] = []
         self.bytes_served = 0
         self._cut_after: int | None = None
+        self._cut_only: bytes | None = None
         self._down_after_cut = False
         self._fail_after_cut = 0
         self._failing = 0  # how many more requests get a 503
         self._lock = threading.Lock()
         self._hub = _start(self, "hub")
         self._cdn = _start(self, "cdn")
+        self._github = _start(self, "github")
 
     # -- addresses and content identities ------------------------------------------------------
 
@@ -92,6 +105,10 @@ class FakeHub:
     @property
     def cdn_url(self) -> str:
         return f"http://127.0.0.1:{self._cdn.server_address[1]}"
+
+    @property
+    def github_url(self) -> str:
+        return f"http://127.0.0.1:{self._github.server_address[1]}"
 
     @staticmethod
     def commit(repo: str) -> str:
@@ -108,11 +125,14 @@ class FakeHub:
 
     # -- control ---------------------------------------------------------------------------------
 
-    def cut_next_transfer(self, after: int, *, then_go_down: bool = False, then_fail: int = 0) -> None:
-        """Close the connection of the next GET body after `after` bytes (once). Afterwards answer
-        503 to the next `then_fail` requests, or with `then_go_down` to everything until
-        `unavailable` is reset."""
+    def cut_next_transfer(
+        self, after: int, *, then_go_down: bool = False, then_fail: int = 0, only: bytes | None = None
+    ) -> None:
+        """Close the connection of the next GET body after `after` bytes (once), or of the next
+        one serving the file whose content is `only`. Afterwards answer 503 to the next
+        `then_fail` requests, or with `then_go_down` to everything until `unavailable` is reset."""
         with self._lock:
+            self._cut_only = only
             self._cut_after = after
             self._down_after_cut = then_go_down
             self._fail_after_cut = then_fail
@@ -127,7 +147,7 @@ class FakeHub:
             self.bytes_served = 0
 
     def close(self) -> None:
-        for server in (self._hub, self._cdn):
+        for server in (self._hub, self._cdn, self._github):
             server.shutdown()
             server.server_close()
 
@@ -143,8 +163,10 @@ class FakeHub:
         with self._lock:
             self.requests.append(request)
 
-    def _take_cut(self) -> int | None:
+    def _take_cut(self, data: bytes) -> int | None:
         with self._lock:
+            if self._cut_only is not None and self._cut_only != data:
+                return None
             cut, self._cut_after = self._cut_after, None
             if cut is not None:
                 self.unavailable = self.unavailable or self._down_after_cut
@@ -193,6 +215,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (stdlib's name)
         self._handle(body=True)
 
+    def do_POST(self) -> None:  # noqa: N802 (stdlib's name)
+        self._handle(body=True)
+
     def _handle(self, body: bool) -> None:
         path = unquote(urlsplit(self.path).path)
         self.hub._record(
@@ -208,6 +233,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(503, None, "Service Unavailable", body)
         elif self.role == "cdn":
             self._cdn(path, body)
+        elif self.role == "github":
+            self._raw(path, body)
+        elif self.command == "POST":
+            self._paths_info(path)
         else:
             self._resolve(path, body)
 
@@ -219,22 +248,9 @@ class _Handler(BaseHTTPRequestHandler):
         if match is None:
             return self._error(404, "EntryNotFound", "Not found", body)
         repo, revision, file = match["repo"], match["revision"], match["path"]
-        auth = self.headers.get("Authorization")
-        if auth is not None and hub.token is not None and auth != f"Bearer {hub.token}":
-            return self._error(401, None, "Invalid credentials in Authorization header", body)
-        known_repos = {r for r, _ in hub.files} | hub.gated
-        if repo not in known_repos:
-            status = 404 if auth else 401
-            return self._error(status, "RepoNotFound", "Repository not found", body)
-        if repo in hub.gated and auth is None:
-            message = (
-                f"Access to model {repo} is restricted. You must have access to it and be "
-                "authenticated to access it. Please log in."
-            )
-            return self._error(401, "GatedRepo", message, body)
-        commit = hub.commit(repo)
-        if revision not in ("main", commit):
-            return self._error(404, "RevisionNotFound", "Invalid rev id: " + revision, body, commit)
+        commit = self._repo_access(repo, revision, body)
+        if commit is None:
+            return None
         data = hub.files.get((repo, file))
         if data is None:
             return self._error(404, "EntryNotFound", f"{file} does not exist", body, commit)
@@ -252,6 +268,73 @@ class _Handler(BaseHTTPRequestHandler):
         served = hub.corrupt.get((repo, file), data)
         self._content(served, body, etag=hub.git_etag(data), commit=commit)
         return None
+
+    def _repo_access(self, repo: str, revision: str, body: bool) -> str | None:
+        """The commit `revision` names in `repo`, or None after answering the hub's error."""
+        hub = self.hub
+        auth = self.headers.get("Authorization")
+        if auth is not None and hub.token is not None and auth != f"Bearer {hub.token}":
+            self._error(401, None, "Invalid credentials in Authorization header", body)
+            return None
+        known_repos = {r for r, _ in hub.files} | hub.gated
+        if repo not in known_repos:
+            self._error(404 if auth else 401, "RepoNotFound", "Repository not found", body)
+            return None
+        if repo in hub.gated and auth is None:
+            message = (
+                f"Access to model {repo} is restricted. You must have access to it and be "
+                "authenticated to access it. Please log in."
+            )
+            self._error(401, "GatedRepo", message, body)
+            return None
+        commit = hub.commit(repo)
+        if revision not in ("main", commit):
+            self._error(404, "RevisionNotFound", "Invalid rev id: " + revision, body, commit)
+            return None
+        return commit
+
+    def _paths_info(self, path: str) -> None:
+        hub = self.hub
+        length = int(self.headers.get("Content-Length") or 0)
+        form = parse_qs(self.rfile.read(length).decode())
+        match = PATHS_INFO.match(path)
+        if match is None:
+            return self._error(404, None, "Not found", True)
+        repo = match["repo"]
+        if self._repo_access(repo, match["revision"], True) is None:
+            return None
+        entries = []
+        for wanted in form.get("paths", []):
+            wanted = wanted.strip("/")
+            data = hub.files.get((repo, wanted))
+            if data is not None:
+                entry = {"type": "file", "path": wanted, "size": len(data), "oid": hub.git_etag(data)}
+                if hub.is_lfs(wanted):
+                    sha = hashlib.sha256(data).hexdigest()
+                    entry["oid"] = hub.git_etag(b"lfs pointer " + sha.encode())
+                    entry["lfs"] = {"oid": sha, "size": len(data), "pointerSize": 134}
+                entries.append(entry)
+            elif any(r == repo and p.startswith(wanted + "/") for r, p in hub.files):
+                entries.append({"type": "directory", "path": wanted, "oid": hub.git_etag(wanted.encode())})
+        payload = json.dumps(entries).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+        return None
+
+    # -- GitHub's raw-content host -----------------------------------------------------------------
+
+    def _raw(self, path: str, body: bool) -> None:
+        match = RAW.match(path)
+        data = self.hub.github_files.get((match["repo"], match["commit"], match["path"])) if match else None
+        if data is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._content(data, body, etag=hashlib.sha256(data).hexdigest())
 
     # -- the CDN ---------------------------------------------------------------------------------
 
@@ -297,7 +380,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not body:
             return
-        cut = self.hub._take_cut()
+        cut = self.hub._take_cut(data)
         if cut is not None and cut < len(chunk):
             chunk = chunk[:cut]
             self.close_connection = True
@@ -343,6 +426,7 @@ def use_fake_hub(hub: FakeHub, monkeypatch: pytest.MonkeyPatch, hf_home: Path) -
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "HF_HUB_DISABLE_XET": "1",
         "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+        "MACARON_GITHUB_RAW_URL": hub.github_url,
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)

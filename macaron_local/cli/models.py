@@ -19,6 +19,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     pull = sub.add_parser("pull", help="download a model and its expert adapters")
     pull.add_argument("name")
     pull.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    pull.add_argument("--dry-run", action="store_true", help="list the files it would fetch (sizes from the hub)")
+    pull.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     pull.set_defaults(func=run_pull)
 
     verify = sub.add_parser("verify", help="check a model's files (sha256 where known) and adapters")
@@ -66,11 +68,40 @@ def run_pull(args: argparse.Namespace) -> int:
     from macaron_local.download import pull
 
     catalog = Catalog(load_settings())
+    if args.dry_run:
+        return _dry_run(catalog, args)
     result = pull(catalog, catalog.get(args.name), progress=not args.quiet)
     for name in result.skipped:
         print(f"already here: {name}")
-    for path in result.files:
+    for path in [*result.files, *result.profiles]:
         print(f"ready: {path}")
+    return 0
+
+
+def _dry_run(catalog: Catalog, args: argparse.Namespace) -> int:
+    """Print the plan; exit 1 (after printing it) when the hub says a listed file is not there."""
+    from macaron_local.errors import DownloadError
+    from macaron_local.pull_plan import plan_pull
+
+    plan = plan_pull(catalog, catalog.get(args.name))
+    if args.json:
+        print_json(plan.to_json())
+    else:
+        for f in plan.files:
+            size = "size unknown" if f.size is None else f"{f.size:,} bytes"
+            state = "here" if f.present else "to fetch"
+            print(f"{state:<8} {f.role:<7} {f.repo} {f.path} ({size})")
+        for c in plan.convert:
+            print(f"convert  {c['slot']}: {c['from']} -> {c['out']} as {c['type']}")
+        total = plan.total_bytes
+        known = f"{total:,} bytes" if total is not None else f"at most {plan.bound_bytes:,} bytes (sizes unknown)"
+        print(f"download: {known}; disk needed: at most {plan.disk_bytes:,} bytes")
+        if plan.hub.get("error"):
+            print(f"hub: {plan.hub['error']}")
+    missing = plan.missing_on_hub
+    if missing:
+        names = ", ".join(f"{f.repo} {f.path}" for f in missing[:3])
+        raise DownloadError(f"not on the hub: {names}{' ...' if len(missing) > 3 else ''}")
     return 0
 
 

@@ -104,7 +104,7 @@ def learn_slot(
         current = [*frozen, engine.load_adapter(deployed.path)] if deployed else list(frozen)
 
         backend = backend_factory(config.lr)
-        backend.load(base_path, checkpoint=manifest.trainer_checkpoint)
+        backend.load(base_path, checkpoint=catalog.trainer_checkpoint(manifest))
         if expert_path:  # train on top of the frozen expert, exactly as the two are served stacked
             backend.fold_in(frozen_deltas(expert_path, base, backend.linear_weight_names()))
         backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
