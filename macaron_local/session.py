@@ -519,13 +519,9 @@ class Session:
         self._learning_setup = value
 
     def learning_readiness(self) -> Readiness:
-        """Whether and when the feedback waiting now will be learned from (learning_setup.status)."""
+        """Whether and when the feedback waiting now will be learned from, or why not and the one
+        action that fixes it; `.notice("Correction saved.")` is what to say after feedback."""
         return self.learning_setup.readiness(self.store)
-
-    def feedback_notice(self, saved: str = "Correction saved.") -> str:
-        """What to tell the user after storing feedback: when it will be learned from, or why
-        not and the one action that fixes it."""
-        return self.learning_readiness().notice(saved)
 
     def export_markdown(self, conversation_id: str | None = None) -> str:
         """The current branch of a conversation as Markdown, for sharing or keeping."""
