@@ -3,18 +3,13 @@ against a local fake package served on 127.0.0.1 (nothing is downloaded from the
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import http.server
-import os
 import sys
 import threading
 import tomllib
-import zipfile
-from functools import partial
 from pathlib import Path
 
 import pytest
+from fake_pip_index import ISOLATED_PIP, fake_index, fake_plan
 
 from macaron_local.errors import MacaronError
 from macaron_local.learning_setup import LearningSetup
@@ -24,7 +19,6 @@ from macaron_local.learning_setup.install import (
     TORCH_CUDA_INDEX,
     TORCH_REQUIREMENTS,
     Machine,
-    TrainerPlan,
     failure_line,
     find_nvidia,
     parse_nvidia_smi,
@@ -93,53 +87,10 @@ def test_nvidia_detection_reads_nvidia_smi_and_the_kernel_modules_proc_file(tmp_
     assert find_nvidia(proc=proc, smi=None) == "NVIDIA GPU (driver 570.86.15)"
 
 
-# ----------------------------------------------------------------- a real pip run, offline
-def build_wheel(folder: Path, name: str = "macaron_fake_trainer", payload: int = 3_000_000) -> Path:
-    """A minimal valid wheel with an incompressible payload, so pip has real bytes to download."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-1.0.dist-info"
-    files = {
-        f"{name}/__init__.py": b"VERSION = '1.0'\n",
-        f"{name}/payload.bin": os.urandom(payload),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{dist}/RECORD,,")
-    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
-    wheel = folder / f"{name}-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as archive:
-        for path, data in files.items():
-            archive.writestr(path, data)
-    return wheel
-
-
 @pytest.fixture
 def index(tmp_path):
-    """A PEP 503 simple index on 127.0.0.1 holding one fake package."""
-    root = tmp_path / "index"
-    wheel = build_wheel(root / "files")
-    project = root / "simple" / "macaron-fake-trainer"
-    project.mkdir(parents=True)
-    (project / "index.html").write_text(f'<a href="../../files/{wheel.name}">{wheel.name}</a>\n')
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/simple", wheel
-    server.shutdown()
-
-
-#: pip ignores this machine's pip.conf and PIP_* variables, and never caches the fake download.
-ISOLATED_PIP = [sys.executable, "-m", "pip", "--isolated"]
-
-
-def fake_plan(url: str, target: Path, package: str = "macaron-fake-trainer") -> TrainerPlan:
-    step = ("--no-cache-dir", "--index-url", url, "--target", str(target), package)
-    return TrainerPlan("torch", "test build", "a local fake", (step,), 1000, sys.executable, str(target))
+    with fake_index(tmp_path / "index") as served:
+        yield served
 
 
 def test_pip_installs_the_fake_package_and_reports_its_real_bytes(index, tmp_path):

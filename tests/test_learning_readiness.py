@@ -72,8 +72,10 @@ def correction_notice(tmp_path: Path, *, block_trainers: bool, ask_os: bool = Tr
 def test_without_a_trainer_the_notice_says_learning_is_not_set_up_and_how(tmp_path):
     said = correction_notice(tmp_path, block_trainers=True)
     assert said["trainer"] is None and said["state"] == "not_set_up"
-    assert said["app"].startswith("Correction saved. macaron will not learn from it: learning is not set up")
-    assert "no trainer (PyTorch or MLX) is installed" in said["app"]
+    assert said["app"].startswith(
+        "Correction saved. macaron will not learn from it, because learning is not set up on this computer: "
+        "there is no trainer (PyTorch or MLX) and no nightly schedule."
+    )
     assert said["app"].endswith("Set it up: Ctrl+L, then Set up learning.")
     assert said["cli"].endswith("Set it up: `macaron setup`.")
     assert "tonight" not in said["app"]
@@ -82,7 +84,7 @@ def test_without_a_trainer_the_notice_says_learning_is_not_set_up_and_how(tmp_pa
 def test_with_a_trainer_and_no_schedule_the_notice_says_so(tmp_path):
     said = correction_notice(tmp_path, block_trainers=False)
     assert said["trainer"] in ("torch", "mlx") and said["state"] == "no_schedule"
-    assert "will not learn from it: the nightly schedule is not installed" in said["app"]
+    assert "will not learn from it, because the nightly schedule is not installed" in said["app"]
     assert said["cli"].endswith("Install it: `macaron setup`.")
 
 
@@ -158,7 +160,7 @@ def test_a_declined_setup_is_worded_as_the_users_choice(home, tmp_path, monkeypa
     with open_default_store(home) as store:
         said = readiness(home, store, trainer=TORCH, ask_os=False)
     assert said.choice == "declined" and said.sentence().startswith(
-        "macaron will not learn from your feedback: you chose not to set up learning (the nightly schedule"
+        "macaron will not learn from your feedback, because you chose not to set up learning, so the nightly schedule"
     )
 
 

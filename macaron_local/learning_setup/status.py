@@ -66,7 +66,7 @@ class Readiness:
         """"macaron will learn from your feedback tonight at 02:00 ..." or why it will not."""
         if self.will_learn or self.state == "needs_feedback":
             return f"macaron will learn from {subject} {self.reason}."
-        return f"macaron will not learn from {subject}: {self.reason}."
+        return f"macaron will not learn from {subject}, because {self.reason}."
 
     def notice(self, saved: str = "Correction saved.", subject: str = "it", where: str = "app") -> str:
         """The message shown after feedback is stored: what happens next, and the fix if any."""
@@ -169,16 +169,16 @@ def readiness(
             why = f"{missing_trainer}, and {plan.blocked}"
             return result("no_trainer", False, why, None, None, **timing)
         if not installed:
-            what = f"{missing_trainer} and the nightly schedule is not installed"
-            why = f"{declined} ({what})" if declined else f"learning is not set up on this computer ({what})"
+            what = "there is no trainer (PyTorch or MLX) and no nightly schedule"
+            why = f"{declined}, so {what}" if declined else f"learning is not set up on this computer: {what}"
             return result("not_set_up", False, why, fix_app, fix_cli, **timing)
-        why = f"{declined} ({missing_trainer})" if declined else missing_trainer
+        why = f"{declined}, so {missing_trainer}" if declined else missing_trainer
         app, cli = f"Install one: {SETUP_APP}.", f"Install one: {SETUP_CLI}."
         return result("no_trainer", False, why, app, cli, **timing)
     label = LABELS[trainer.backend]
     if not installed:
         what = f"the nightly schedule is not installed ({label} is ready)"
-        why = f"{declined} ({what})" if declined else what
+        why = f"{declined}, so {what}" if declined else what
         app, cli = f"Install it: {SETUP_APP}.", f"Install it: {SETUP_CLI}."
         return result("no_schedule", False, why, app, cli, **timing)
     if state in ("inactive", "failed"):
