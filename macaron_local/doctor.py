@@ -137,7 +137,7 @@ def learning_section(settings: Settings) -> dict:
         "state": status.state,
         "trainer": status.trainer,
         "device": device.device if device is not None and device.ok else None,
-        "trainer_detail": device.detail if device is not None else (status.trainer_plan or "no trainer installed"),
+        "trainer_detail": device.detail if device is not None else _no_trainer(status.trainer_plan),
         "schedule_installed": status.schedule_installed,
         "schedule_state": status.schedule_state,
         "schedule_files": status.schedule_files,
@@ -151,6 +151,12 @@ def learning_section(settings: Settings) -> dict:
         "summary": status.sentence(),
         "action": status.action_cli,
     }
+
+
+def _no_trainer(plan: str | None) -> str:
+    if plan is None or plan.startswith("No trainer can be installed"):
+        return f"none installed. {plan or ''}".strip()
+    return f"none installed; `macaron setup` would install {plan}"
 
 
 def learning_lines(section: dict) -> list[str]:

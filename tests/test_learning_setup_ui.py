@@ -81,7 +81,7 @@ async def test_first_run_declines_then_sets_learning_up_from_the_panel(home, tmp
         await until(pilot, lambda: showing(app, LearningScreen))
         panel = app.screen
         shown = panel.query_one("#learning", Markdown).source
-        assert "You chose “not now”" in shown and "will not learn" in shown
+        assert "because you chose not to set up learning" in shown and "**Set up learning** (above)" in shown
         assert panel.query_one("#setup").display
         await pilot.click("#setup")
         await until(pilot, lambda: showing(app, LearningSetupScreen))
@@ -101,7 +101,7 @@ async def test_first_run_declines_then_sets_learning_up_from_the_panel(home, tmp
         await pilot.click("#setup-done")
         await until(pilot, lambda: showing(app, LearningScreen))
         shown = app.screen.query_one("#learning", Markdown).source
-        assert "You chose" not in shown  # the choice is now "accepted"
+        assert "you chose" not in shown  # the choice is now "accepted"
         assert "the nightly schedule is not installed" in shown  # a dry run installs nothing: still true
 
 

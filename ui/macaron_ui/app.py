@@ -19,6 +19,7 @@ from macaron_local.settings import Settings
 from macaron_ui.screens.chat import ChatScreen
 from macaron_ui.screens.first_run import FirstRunScreen
 from macaron_ui.screens.learning_setup import LearningSetupScreen
+from macaron_ui.widgets.prompt import PromptInput
 
 
 class MacaronApp(App[None]):
@@ -62,7 +63,12 @@ class MacaronApp(App[None]):
         """The first run's second question: set nightly learning up (asked once; the answer is kept)."""
         assert self.session is not None
         if self.session.learning_setup.choice() is None:
-            self.push_screen(LearningSetupScreen(self.session))
+            self.push_screen(LearningSetupScreen(self.session), lambda _: self._focus_prompt())
+
+    def _focus_prompt(self) -> None:
+        chat = self.chat
+        if chat is not None:
+            chat.query_one(PromptInput).focus()
 
     def _start(self, model: str | None) -> None:
         if self.session is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown, OptionList, TextArea
 from textual.widgets.option_list import Option
@@ -148,10 +148,11 @@ class LearningScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog wide"):
+            with Horizontal(id="learning-buttons"):
+                yield Button("Set up learning", id="setup", variant="primary")
+                yield Button("Pause learning", id="toggle")
+                yield Button("Close", id="close")
             yield Markdown(self.render_status(), id="learning")
-            yield Button("Set up learning", id="setup", variant="primary")
-            yield Button("Pause learning", id="toggle")
-            yield Button("Close", id="close")
 
     def on_mount(self) -> None:
         self._update()
@@ -187,13 +188,11 @@ class LearningScreen(ModalScreen[None]):
     def render_readiness(self) -> list[str]:
         """What happens to the feedback waiting now, and the one fix: the core's words."""
         ready = self.session.learning_readiness()
-        lines = [f"**{ready.sentence()[0].upper()}{ready.sentence()[1:]}**"]
+        lines = [f"**{ready.sentence()}**"]
         if ready.action_app and ready.state not in SETUP_FIXES:
             lines.append(ready.action_app)
         if ready.state in SETUP_FIXES:
-            lines.append("Press **Set up learning** below to fix it.")
-        if ready.choice == "declined":
-            lines.append("You chose “not now” at the first run; setting it up is still one button away.")
+            lines.append("**Set up learning** (above) fixes it.")
         waiting = ready.pending_feedback
         lines += [
             "",
