@@ -11,6 +11,7 @@ from fake_pip_index import ISOLATED_PIP, fake_index, fake_plan
 from textual.widgets import Markdown, Static, TextArea
 
 from macaron_local.learning_setup import LearningSetup
+from macaron_local.learning_setup.install import TrainerPlan
 from macaron_local.settings import Settings
 from macaron_ui.app import MacaronApp
 from macaron_ui.screens.chat import ChatScreen
@@ -44,7 +45,9 @@ async def test_first_run_declines_then_sets_learning_up_from_the_panel(home, tmp
     xdg = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))  # where the units would go; a dry run writes nothing
     home.save(max_tokens=12)
-    app = MacaronApp(home, learning_setup=LearningSetup(home, schedule_mode="dry-run"))
+    # A trainer is installed here (dev extras); should one be missing, the plan refuses to download.
+    no_download = TrainerPlan(None, "", "", blocked="tests never download a trainer")
+    app = MacaronApp(home, learning_setup=LearningSetup(home, schedule_mode="dry-run", plan=no_download))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: showing(app, FirstRunScreen))
         await pilot.click("#embedded")
