@@ -5,9 +5,9 @@ run: rendered for real, written nowhere, no systemctl. A correction's notice is 
 from __future__ import annotations
 
 import sys
-import time
 
 from fake_pip_index import ISOLATED_PIP, fake_index, fake_plan
+from test_ui import until
 from textual.widgets import Markdown, Static, TextArea
 
 from macaron_local.learning_setup import LearningSetup
@@ -22,14 +22,6 @@ from macaron_ui.widgets.message import MessageView
 from macaron_ui.widgets.prompt import PromptInput
 
 SIZE = (110, 40)
-
-
-async def until(pilot, condition, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the app")
-        await pilot.pause(0.05)
 
 
 def showing(app, screen_type) -> bool:
