@@ -181,15 +181,19 @@ def readiness(
         why = f"{declined}, so {what}" if declined else what
         app, cli = f"Install it: {SETUP_APP}.", f"Install it: {SETUP_CLI}."
         return result("no_schedule", False, why, app, cli, **timing)
-    if state in ("inactive", "failed"):
-        manager = "systemd" if platform == "linux" else "launchd"
-        why = f"the nightly schedule is installed but {manager} reports it {state}"
+    manager = "systemd" if platform == "linux" else "launchd"
+    # launchctl answers "unknown" when the agent is not loaded; systemctl when it cannot be reached.
+    not_loaded = platform == "macos" and state == "unknown" and ask_os
+    if state in ("inactive", "failed") or not_loaded:
+        seen = "has not loaded it" if not_loaded else f"reports it {state}"
+        why = f"the nightly schedule is installed but {manager} {seen}"
         command = (
             f"systemctl --user enable --now {units.TIMER_NAME}"
             if platform == "linux"
             else f"launchctl bootstrap gui/$(id -u) {files[0]}"
         )
         return result("schedule_stopped", False, why, f"Start it: `{command}`.", f"Start it: `{command}`.", **timing)
+    unasked = f"; {manager} could not be asked whether the schedule runs" if state == "unknown" and ask_os else ""
     if paused:
         app, cli = "Resume it: Ctrl+L, then p.", "Resume it in the app's learning panel (Ctrl+L, then p)."
         return result("paused", False, "learning is paused", app, cli, **timing)
@@ -202,11 +206,11 @@ def readiness(
         )
         waits = f"the nightly run waits for {config.min_feedback} new pieces of feedback; there are {pending}"
         why = f"once {needed} given ({waits})"
-        return result("needs_feedback", False, why, None, None, **timing)
+        return result("needs_feedback", False, why + unasked, None, None, **timing)
     conditions = f"once the computer has been idle {config.idle_minutes} min" if config.idle_minutes else ""
     if config.require_ac and probes.on_ac_power() is not None:
         conditions += (" and is on AC power" if conditions else "once the computer is on AC power")
     when = f"{timing['next_start_text']} (window {config.window}{', ' + conditions if conditions else ''})"
     if common["running"]:
         when = f"in the next run, {when}; a learning run is in progress now"
-    return result("ready", True, when, None, None, **timing)
+    return result("ready", True, when + unasked, None, None, **timing)

@@ -55,8 +55,8 @@ class LearningSetupScreen(ModalScreen[str | None]):
         self.query_one("#setup-done").display = False
         self.query_one("#setup-accept", Button).focus()
 
-    def plan_text(self, now: bool = True) -> str:
-        """What setting up does here; `now` adds what happens to feedback at this moment."""
+    def plan_text(self) -> str:
+        """What setting up does here, and what happens to feedback at this moment."""
         status = self.session.learning_readiness()
         trainer = self.setup.trainer()
         lines = ["Setting up learning does this, and nothing leaves the computer:", ""]
@@ -72,8 +72,7 @@ class LearningSetupScreen(ModalScreen[str | None]):
                 "only when the computer is idle (and on AC power, if it has a battery); a new version is "
                 "deployed only if it does better."
             )
-        if now:
-            lines += ["", f"[dim]Now: {status.sentence()}[/dim]"]
+        lines += ["", f"[dim]Now: {status.sentence()}[/dim]"]
         if status.choice == "declined":
             lines.append("[dim]You chose “not now” before; you can change your mind here.[/dim]")
         return "\n".join(lines)
@@ -128,7 +127,7 @@ class LearningSetupScreen(ModalScreen[str | None]):
     def _finished(self, outcome: SetupOutcome | None, error: str | None) -> None:
         self.installing = False
         self.outcome = outcome
-        self.query_one("#setup-plan", Static).update(self.plan_text(now=False))
+        self.query_one("#setup-plan").display = False  # what was planned is now what was done, below
         lines = []
         if outcome is not None:
             schedule = outcome.schedule
