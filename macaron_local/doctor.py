@@ -118,3 +118,61 @@ def _load_check(settings: Settings, model: str) -> Check:
         return Check("generation", True, f"model loaded and answered ({len(reply.completion.tokens)} tokens)")
     except MacaronError as exc:
         return Check("generation", False, str(exc))
+
+
+def learning_section(settings: Settings) -> dict:
+    """`doctor`'s learning section: the trainer and its device (imported in a child process),
+    the schedule, the next window, the feedback waiting, and what that means right now."""
+    from macaron_local.learning_setup import LearningSetup
+    from macaron_local.store import open_default_store
+
+    setup = LearningSetup(settings)
+    try:
+        with open_default_store(settings) as store:
+            status = setup.readiness(store)
+    except MacaronError as exc:
+        return {"error": str(exc)}
+    device = setup.device() if status.trainer else None
+    return {
+        "state": status.state,
+        "trainer": status.trainer,
+        "device": device.device if device is not None and device.ok else None,
+        "trainer_detail": device.detail if device is not None else _no_trainer(status.trainer_plan),
+        "schedule_installed": status.schedule_installed,
+        "schedule_state": status.schedule_state,
+        "schedule_files": status.schedule_files,
+        "window": status.window,
+        "next_window": status.next_start,
+        "next_window_text": status.next_start_text,
+        "feedback_waiting": status.pending_feedback,
+        "min_feedback": status.min_feedback,
+        "paused": status.paused,
+        "choice": status.choice,
+        "summary": status.sentence(),
+        "action": status.action_cli,
+    }
+
+
+def _no_trainer(plan: str | None) -> str:
+    if plan is None or plan.startswith("No trainer can be installed"):
+        return f"none installed. {plan or ''}".strip()
+    return f"none installed; `macaron setup` would install {plan}"
+
+
+def learning_lines(section: dict) -> list[str]:
+    """The learning section as `doctor` prints it."""
+    if "error" in section:
+        return ["learning:", f"  error             {section['error']}"]
+    schedule = (
+        f"installed ({section['schedule_state']}): {', '.join(section['schedule_files'])}"
+        if section["schedule_installed"]
+        else "not installed"
+    )
+    rows = [
+        ("trainer", section["trainer_detail"]),
+        ("schedule", schedule),
+        ("next window", f"{section['next_window_text']} ({section['next_window']}, window {section['window']})"),
+        ("feedback waiting", f"{section['feedback_waiting']} (a nightly run needs {section['min_feedback']})"),
+        ("status", " ".join(p for p in (section["summary"], section["action"]) if p)),
+    ]
+    return ["learning:", *(f"  {name:<16}  {value}" for name, value in rows)]

@@ -25,6 +25,7 @@ from macaron_local.engine import AdapterHandle, Completion, Engine, EngineConfig
 from macaron_local.engine.template import Message
 from macaron_local.errors import AdapterError, InvalidInputError, MacaronError, ModelError
 from macaron_local.learn.episodes import latest_corrections
+from macaron_local.learning_setup import LearningSetup, Readiness
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
 from macaron_local.store import AdapterVersion, LearningRun, Store, open_default_store
@@ -116,6 +117,7 @@ class Session:
         self._watcher: StoreWatcher | None = None
         self._replaced: list[AdapterHandle] = []  # superseded personal adapters still to free
         self._store = store
+        self._learning_setup: LearningSetup | None = None
         self.conversation_id: str | None = None
         self.leaf_id: str | None = None
         self.last_route: Route | None = None
@@ -504,6 +506,22 @@ class Session:
 
     def set_learning_paused(self, paused: bool) -> None:
         self.settings.save(learning_paused=paused)
+
+    @property
+    def learning_setup(self) -> LearningSetup:
+        """Setting learning up (schedule, trainer, the user's answer); settable for tests."""
+        if self._learning_setup is None:
+            self._learning_setup = LearningSetup(self.settings)
+        return self._learning_setup
+
+    @learning_setup.setter
+    def learning_setup(self, value: LearningSetup) -> None:
+        self._learning_setup = value
+
+    def learning_readiness(self) -> Readiness:
+        """Whether and when the feedback waiting now will be learned from, or why not and the one
+        action that fixes it; `.notice("Correction saved.")` is what to say after feedback."""
+        return self.learning_setup.readiness(self.store)
 
     def export_markdown(self, conversation_id: str | None = None) -> str:
         """The current branch of a conversation as Markdown, for sharing or keeping."""

@@ -73,10 +73,12 @@ def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, stdin, code, n
 
 
 def test_doctor_passes_on_fresh_install_and_fails_without_model(tmp_path):
-    ok = run_cli("doctor", "--json", home=tmp_path)
+    ok = run_cli("doctor", "--json", home=tmp_path, XDG_CONFIG_HOME=str(tmp_path / "xdg"))
     assert ok.returncode == 0, ok.stdout
-    names = {c["name"] for c in json.loads(ok.stdout)}
+    report = json.loads(ok.stdout)
+    names = {c["name"] for c in report["checks"]}
     assert {"model", "backend", "data dir", "llama-cpp-python", "expert L0 Chat"} <= names
+    assert report["learning"]["schedule_installed"] is False and report["learning"]["feedback_waiting"] == 0
     (tmp_path / "config" / "settings.toml").write_text('model = "tall"\n')
     bad = run_cli("doctor", home=tmp_path)
     assert bad.returncode == 1

@@ -71,6 +71,6 @@ async def test_a_deployment_elsewhere_is_announced_served_and_shown_in_the_panel
         assert "Nightly learning is not installed" in text and "window 02:00-06:00" in text
         assert "skipped (on battery power" in text
         assert f"**L0**: learned version `{version.id}` from 2 pieces of feedback" in text  # serving now
-        assert "2 new pieces of feedback (corrections, ratings, regenerations) wait" in text
+        assert "2 new pieces of feedback (corrections, ratings, regenerations) since the last run" in text
         assert "No learning run yet." in text
         assert app.screen.query_one("#learning", Markdown) is not None

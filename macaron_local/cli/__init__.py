@@ -17,6 +17,7 @@ from macaron_local.errors import MacaronError
 
 def build_parser() -> argparse.ArgumentParser:
     from macaron_local.cli import adapters, ask, auth, chat, daemon, doctor, forget, learn, logs, models, plugins
+    from macaron_local.cli import setup as learning_setup
 
     parser = argparse.ArgumentParser(
         prog="macaron",
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (chat, ask, models, adapters, doctor, logs, forget, learn, daemon, auth, plugins):
         module.register(commands)
+    learning_setup.register(commands)
     parser.set_defaults(func=chat.run)
     return parser
 

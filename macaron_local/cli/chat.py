@@ -9,6 +9,8 @@ import argparse
 import sys
 
 from macaron_local.cli.common import add_model_option, load_settings
+from macaron_local.cli.setup import interactive_setup
+from macaron_local.learning_setup.choice import current_choice
 from macaron_local.session import Session
 
 
@@ -20,6 +22,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings()
+    if sys.stdin.isatty() and sys.stdout.isatty() and current_choice(settings) is None:
+        interactive_setup(settings)  # the first run in a terminal asks about learning, once
     with Session(settings, model=getattr(args, "model", None)) as session:
         print(f"macaron-local on {session.manifest.name} ({session.manifest.description})")
         print("Type a message; /new starts a new chat; /quit or Ctrl-D leaves.")

@@ -1,11 +1,15 @@
-"""`macaron doctor`: report the model, adapters, backend, paths and versions; exit 1 on a problem."""
+"""`macaron doctor`: report the model, adapters, backend, paths and versions, and the learning
+section (trainer, schedule, next window, feedback waiting); exit 1 on a problem.
+
+`--json` prints {"checks": [...], "learning": {...}}.
+"""
 
 from __future__ import annotations
 
 import argparse
 
 from macaron_local.cli.common import add_model_option, load_settings, print_json
-from macaron_local.doctor import run_checks
+from macaron_local.doctor import learning_lines, learning_section, run_checks
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -17,12 +21,15 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = run_checks(load_settings(), model=args.model, load=args.load)
+    settings = load_settings()
+    checks = run_checks(settings, model=args.model, load=args.load)
+    learning = learning_section(settings)  # reported, never a failure: learning is the user's choice
     if args.json:
-        print_json([{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
+        print_json({"checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks], "learning": learning})
     else:
         width = max(len(c.name) for c in checks)
         for check in checks:
             mark = "ok  " if check.ok else "FAIL"
             print(f"{mark} {check.name:<{width}}  {check.detail}")
+        print("\n".join(learning_lines(learning)))
     return 0 if all(c.ok for c in checks) else 1

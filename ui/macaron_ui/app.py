@@ -13,10 +13,13 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from macaron_local.learning_setup import LearningSetup
 from macaron_local.session import Session
 from macaron_local.settings import Settings
 from macaron_ui.screens.chat import ChatScreen
 from macaron_ui.screens.first_run import FirstRunScreen
+from macaron_ui.screens.learning_setup import LearningSetupScreen
+from macaron_ui.widgets.prompt import PromptInput
 
 
 class MacaronApp(App[None]):
@@ -24,11 +27,18 @@ class MacaronApp(App[None]):
     TITLE = "macaron"
     BINDINGS = [Binding("ctrl+q", "quit", "Quit")]
 
-    def __init__(self, settings: Settings, model: str | None = None, session: Session | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        model: str | None = None,
+        session: Session | None = None,
+        learning_setup: LearningSetup | None = None,
+    ) -> None:
         super().__init__()
         self.settings = settings
         self.model = model
         self.session = session
+        self.learning_setup = learning_setup  # what setting learning up runs (tests: a dry run)
 
     def on_mount(self) -> None:
         if self.session is None and self.model is None and "model" not in self.settings.configured():
@@ -47,10 +57,24 @@ class MacaronApp(App[None]):
             return
         self.settings.save(model=model)
         self._start(model)
+        self._offer_learning_setup()
+
+    def _offer_learning_setup(self) -> None:
+        """The first run's second question: set nightly learning up (asked once; the answer is kept)."""
+        assert self.session is not None
+        if self.session.learning_setup.choice() is None:
+            self.push_screen(LearningSetupScreen(self.session), lambda _: self._focus_prompt())
+
+    def _focus_prompt(self) -> None:
+        chat = self.chat
+        if chat is not None:
+            chat.query_one(PromptInput).focus()
 
     def _start(self, model: str | None) -> None:
         if self.session is None:
             self.session = Session(self.settings, model=model)
+        if self.learning_setup is not None:
+            self.session.learning_setup = self.learning_setup
         self.sub_title = self.session.manifest.name
         self.push_screen(ChatScreen(self.session))
 

@@ -51,6 +51,7 @@ class ChatScreen(Screen):
         self.generating = False
         self.turns_shown = 0  # replies finished and redrawn (tests and status watchers wait on it)
         self.updates_told: list[str] = []  # "L0 Chat updated: ..." notices shown so far
+        self.learning_notices: list[str] = []  # what was said after each piece of feedback
         self._unsubscribe: Callable[[], None] | None = None
 
     # ----------------------------------------------------------------- layout
@@ -243,10 +244,18 @@ class ChatScreen(Screen):
         def save(text: str | None) -> None:
             if text is not None and text.strip() and text != view.text:
                 self.session.correct(view.message_id, text)
-                self.notify("Correction saved: macaron will learn from it tonight.")
+                self.tell_learning("Correction saved.")
                 self.run_worker(self.after_turn())
 
         self.app.push_screen(EditorScreen("Correct the reply, then Ctrl+S to save (Esc cancels)", view.text), save)
+
+    def tell_learning(self, saved: str) -> None:
+        """After feedback: when it will be learned from, or why not and the fix (the core decides)."""
+        status = self.session.learning_readiness()
+        notice = status.notice(saved)
+        self.learning_notices.append(notice)
+        severity = "warning" if status.action_app else "information"
+        self.notify(notice, title="Learning", severity=severity, timeout=12)
 
     def _edit_user_message(self, view: MessageView) -> None:
         def resend(text: str | None) -> None:
@@ -261,7 +270,7 @@ class ChatScreen(Screen):
         if view is None:
             return
         self.session.rate(view.message_id, value)
-        self.notify("Thanks: rated " + ("up" if value > 0 else "down") + ".")
+        self.tell_learning("Rated " + ("up" if value > 0 else "down") + ".")
         self.run_worker(self.after_turn())
 
     def action_regenerate(self) -> None:

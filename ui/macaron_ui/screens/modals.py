@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown, OptionList, TextArea
 from textual.widgets.option_list import Option
 
 from macaron_local.session import Session
+from macaron_ui.screens.learning_setup import LearningSetupScreen
+
+#: Readiness states that "Set up learning" fixes (the schedule, the trainer, or both).
+SETUP_FIXES = ("not_set_up", "no_trainer", "no_schedule")
 
 
 class EditorScreen(ModalScreen[str | None]):
@@ -144,26 +148,18 @@ class LearningScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog wide"):
+            with Horizontal(id="learning-buttons"):
+                yield Button("Set up learning", id="setup", variant="primary")
+                yield Button("Pause learning", id="toggle")
+                yield Button("Close", id="close")
             yield Markdown(self.render_status(), id="learning")
-            yield Button("Pause learning", id="toggle")
-            yield Button("Close", id="close")
 
     def on_mount(self) -> None:
         self._update()
 
     def render_status(self) -> str:
         status = self.session.learning_status()
-        lines = ["# Learning", ""]
-        waiting = status.pending_feedback
-        lines.append(
-            f"**Learning is {'paused' if status.paused else 'on'}.** "
-            + (
-                "No new corrections, ratings or regenerations since the last run."
-                if not waiting
-                else f"{waiting} new piece{'' if waiting == 1 else 's'} of feedback (corrections, ratings, "
-                f"regenerations) wait{'s' if waiting == 1 else ''} for the next run."
-            )
-        )
+        lines = ["# Learning", "", *self.render_readiness()]
         lines += ["", "## Serving now", ""]
         deployed = self.session.deployed_versions()
         if not deployed:
@@ -189,6 +185,22 @@ class LearningScreen(ModalScreen[None]):
             )
         return "\n".join(lines)
 
+    def render_readiness(self) -> list[str]:
+        """What happens to the feedback waiting now, and the one fix: the core's words."""
+        ready = self.session.learning_readiness()
+        lines = [f"**{ready.sentence()}**"]
+        if ready.action_app and ready.state not in SETUP_FIXES:
+            lines.append(ready.action_app)
+        if ready.state in SETUP_FIXES:
+            lines.append("**Set up learning** (above) fixes it.")
+        waiting = ready.pending_feedback
+        lines += [
+            "",
+            f"{waiting} new piece{'' if waiting == 1 else 's'} of feedback (corrections, ratings, regenerations) "
+            f"since the last run; a nightly run needs {ready.min_feedback}.",
+        ]
+        return lines
+
     def refresh_status(self) -> None:
         """Redraw (a run may just have deployed a new version)."""
         self._update()
@@ -197,10 +209,13 @@ class LearningScreen(ModalScreen[None]):
         self.query_one("#learning", Markdown).update(self.render_status())
         paused = self.session.learning_status().paused
         self.query_one("#toggle", Button).label = "Resume learning" if paused else "Pause learning"
+        self.query_one("#setup", Button).display = self.session.learning_readiness().state in SETUP_FIXES
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "toggle":
             self.action_toggle_pause()
+        elif event.button.id == "setup":
+            self.app.push_screen(LearningSetupScreen(self.session), lambda _: self._update())
         else:
             self.dismiss(None)
 
