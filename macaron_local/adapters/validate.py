@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,6 +41,9 @@ class BaseModelInfo:
     n_layer: int = 0
     name: str = ""
     kind: str = "model"  # general.type: a base model must not be an adapter
+    #: Integer hyper-parameters an architecture's converter needs (`<arch>.` prefix dropped),
+    #: e.g. "ssm.group_count" or "expert_count" for qwen35moe.
+    hparams: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> BaseModelInfo:
@@ -71,6 +74,12 @@ def _base_info_cached(path: Path, size: int, mtime_ns: int) -> BaseModelInfo:
             value = value[0] if value else 0
         return int(value) if isinstance(value, (int, float)) else 0
 
+    hparams = {}
+    for key in reader.fields:
+        if key.startswith(f"{arch}."):
+            value = field_value(reader, key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                hparams[key.removeprefix(f"{arch}.")] = value
     return BaseModelInfo(
         path=path,
         architecture=arch,
@@ -80,6 +89,7 @@ def _base_info_cached(path: Path, size: int, mtime_ns: int) -> BaseModelInfo:
         n_layer=meta_int("block_count"),
         name=str(field_value(reader, "general.name") or path.stem),
         kind=str(field_value(reader, "general.type") or "model"),
+        hparams=hparams,
     )
 
 
@@ -165,9 +175,12 @@ def _check_pair_shapes(
     """Check one pair's shapes against its base tensor; returns the rank.
 
     Numpy order: `lora_a` is (..., rank, in) and `lora_b` is (..., out, rank), where `...` are
-    the leading dims of a stacked (MoE) base tensor. The embedding table is the exception:
-    `lora_a` is (n_vocab, rank) and `lora_b` is (n_embd, rank).
+    the leading dims of a stacked (MoE) base tensor, e.g. (n_expert,) for `ffn_gate_exps`. A 1-D
+    base `(in,)` (qwen35moe's shared-expert gate) is a matrix with one output row. The embedding
+    table is the exception: `lora_a` is (n_vocab, rank) and `lora_b` is (n_embd, rank).
     """
+    if len(base_shape) == 1:
+        base_shape = (1, *base_shape)
     if name == TOKEN_EMBD:
         n_vocab, n_embd = base_shape
         rank = a[-1] if len(a) == 2 else 0
