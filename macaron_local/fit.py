@@ -11,7 +11,10 @@ file's size), so an expert resident in RAM costs its GGUF size.
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import gguf
 
@@ -149,3 +152,26 @@ def verdict(ram_bytes: int, disk_free_bytes: int | None, dtype: str = TALL_EXPER
         else f"{resident} of 4 experts resident, others on demand"
     )
     return True, f"Tall fits: {ram_gb:.0f} GB RAM, {how} ({dtype}, {one / 1e9:.1f} GB each){disk}"
+
+
+def machine_ram_bytes() -> int | None:
+    """Physical RAM of this machine (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine_verdict(models_dir: Path) -> tuple[bool, str]:
+    """`verdict` for this machine: its RAM and the free disk where models are stored."""
+    ram = machine_ram_bytes()
+    if ram is None:
+        return False, "cannot tell whether Tall fits: this OS does not report its RAM"
+    probe = models_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        free = None
+    return verdict(ram, free)
