@@ -175,3 +175,17 @@ def machine_verdict(models_dir: Path) -> tuple[bool, str]:
     except OSError:
         free = None
     return verdict(ram, free)
+
+
+def adapter_ram_budget(base_path: Path) -> int:
+    """Bytes of adapters the engine may keep resident next to this base on this machine (0: no
+    limit known): RAM minus the base (mmapped, resident once used) minus the runtime allowance.
+    With Tall on a machine where four experts do not fit, the others load on demand."""
+    ram = machine_ram_bytes()
+    if ram is None:
+        return 0
+    try:
+        base = base_path.stat().st_size
+    except OSError:
+        return 0
+    return max(1, ram - base - RUNTIME_OVERHEAD_BYTES)
