@@ -245,3 +245,26 @@ def test_qwen3_5_moe_cli_convert_q8_0_validates_loads_and_answers(tiny, tmp_path
     assert answered.returncode == 0, answered.stderr
     reply = json.loads(answered.stdout)
     assert reply["adapters"] and reply["adapters"][0] == out.name
+
+
+def test_qwen3_5_moe_vlm_named_adapter_converts_like_the_text_model(tiny, tmp_path_factory):
+    """Qwen3.6-35B-A3B is a vision-language checkpoint: a LoRA trained on it names the text
+    tower `model.language_model.layers...`; it must land on the same GGUF tensors."""
+    directory, _ = peft_adapter(tiny, tmp_path_factory, ALL_GROUPS, True)
+    base = BaseModelInfo.from_gguf(tiny.gguf_path)
+    weights = SafetensorsFile(directory / "adapter_model.safetensors")
+    renamed = directory.parent / "vlm"
+    renamed.mkdir()
+    save_file(
+        {
+            k.replace("model.model.layers.", "model.model.language_model.layers."): weights.read(k)
+            for k in weights.names()
+        },
+        str(renamed / "adapter_model.safetensors"),
+    )
+    (renamed / "adapter_config.json").write_text((directory / "adapter_config.json").read_text())
+    text = read_adapter(convert_peft_dir(directory, base, directory / "text.gguf", dtype="F32"))
+    vlm = read_adapter(convert_peft_dir(renamed, base, renamed / "vlm.gguf", dtype="F32"))
+    assert set(vlm.pairs) == set(text.pairs)
+    for name, pair in text.pairs.items():
+        np.testing.assert_array_equal(vlm.pairs[name].b, pair.b)
