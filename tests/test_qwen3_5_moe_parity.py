@@ -268,3 +268,21 @@ def test_qwen3_5_moe_vlm_named_adapter_converts_like_the_text_model(tiny, tmp_pa
     assert set(vlm.pairs) == set(text.pairs)
     for name, pair in text.pairs.items():
         np.testing.assert_array_equal(vlm.pairs[name].b, pair.b)
+
+
+def test_qwen3_5_moe_converter_refuses_values_llama_cpp_would_serve_as_garbage(tiny, tmp_path):
+    base = BaseModelInfo.from_gguf(tiny.gguf_path)
+    directory = tmp_path / "peft"
+    directory.mkdir()
+    (directory / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 4}))
+    prefix = "base_model.model.model.layers.0.mlp.shared_expert_gate"
+    for value, dtype, message in ((np.nan, "F32", "NaN"), (1e6, "F16", "beyond F16's range")):
+        b = np.ones((1, 4), np.float32)
+        b[0, 2] = value
+        save_file(
+            {f"{prefix}.lora_A.weight": np.ones((4, tq.HIDDEN), np.float32), f"{prefix}.lora_B.weight": b},
+            str(directory / "adapter_model.safetensors"),
+        )
+        with pytest.raises(AdapterError, match=message):
+            convert_peft_dir(directory, base, tmp_path / "x.gguf", dtype=dtype)
+    assert not (tmp_path / "x.gguf").exists() and not list(tmp_path.glob(".x.gguf*"))
