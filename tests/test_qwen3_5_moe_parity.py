@@ -121,6 +121,18 @@ def test_qwen3_5_moe_experts_stacked_in_the_wrong_order_fail(tiny, tmp_path_fact
     assert np.abs(llama_logits(engine, wrong) - want).max() > 0.05
 
 
+def test_qwen3_5_moe_fused_gate_up_base_takes_one_expert_pair(tiny, tmp_path_factory, tmp_path):
+    """A base converted with --fuse-gate-up-exps has one ffn_gate_up_exps: PEFT's packed gate_up
+    LoRA is exactly that layout (gate rows, then up rows), so it becomes one pair."""
+    directory, want = peft_adapter(tiny, tmp_path_factory, (), True)
+    fused = tq.write_base_gguf(tiny.model, tmp_path / "fused.gguf", fuse_gate_up=True)
+    out = convert_peft_dir(directory, BaseModelInfo.from_gguf(fused), tmp_path / "a.gguf", dtype="F32")
+    names = set(read_adapter(out).pairs)
+    assert "blk.0.ffn_gate_up_exps.weight" in names and "blk.0.ffn_gate_exps.weight" not in names
+    with Engine(EngineConfig(model_path=fused, n_ctx=64, kv_f32=True, n_threads=2)) as engine:
+        assert np.abs(llama_logits(engine, out) - want).max() <= 1e-3
+
+
 def _unpack_experts(packed_dir, out_dir, n_expert: int) -> None:
     """Rewrite PEFT's packed expert LoRA as per-expert `experts.N.{gate,up,down}_proj` modules."""
     weights = SafetensorsFile(packed_dir / "adapter_model.safetensors")
@@ -234,6 +246,7 @@ def test_qwen3_5_moe_cli_convert_q8_0_validates_loads_and_answers(tiny, tmp_path
     out = tmp_path / "expert.gguf"
     converted = run("adapters", "convert", str(directory), str(out), "--type", "Q8_0", "--model", "tiny-moe")
     assert converted.returncode == 0, converted.stderr
+    assert "converting" in converted.stderr and "(Q8_0)" in converted.stdout  # a progress bar, then the result
     checked = run("adapters", "validate", str(out), "--model", "tiny-moe", "--json")
     assert checked.returncode == 0, checked.stderr
     assert "Q8_0" in json.loads(checked.stdout)["types"]

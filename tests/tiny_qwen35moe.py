@@ -122,8 +122,9 @@ def linear_dims(config) -> LinearAttentionDims:
     return LinearAttentionDims(config.linear_num_key_heads, config.linear_num_value_heads, config.linear_key_head_dim)
 
 
-def gguf_tensors(model) -> dict[str, np.ndarray]:
-    """The model's weights under GGUF names and in GGUF layout (numpy order)."""
+def gguf_tensors(model, fuse_gate_up: bool = False) -> dict[str, np.ndarray]:
+    """The model's weights under GGUF names and in GGUF layout (numpy order); `fuse_gate_up`
+    keeps one `ffn_gate_up_exps` per layer, as convert_hf_to_gguf.py --fuse-gate-up-exps does."""
     config = model.config
     dims = linear_dims(config)
     out: dict[str, np.ndarray] = {}
@@ -170,8 +171,11 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
             out[b + "ssm_norm.weight"] = state.pop(a + "norm.weight")
         m = p + "mlp."
         out[b + "ffn_gate_inp.weight"] = state.pop(m + "gate.weight")
-        gate, up = split_gate_up(state.pop(m + "experts.gate_up_proj"))
-        out[b + "ffn_gate_exps.weight"], out[b + "ffn_up_exps.weight"] = gate, up
+        gate_up = state.pop(m + "experts.gate_up_proj")
+        if fuse_gate_up:
+            out[b + "ffn_gate_up_exps.weight"] = gate_up
+        else:
+            out[b + "ffn_gate_exps.weight"], out[b + "ffn_up_exps.weight"] = split_gate_up(gate_up)
         out[b + "ffn_down_exps.weight"] = state.pop(m + "experts.down_proj")
         for hf, name in (("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"), ("down_proj", "ffn_down_shexp")):
             out[b + name + ".weight"] = state.pop(m + "shared_expert." + hf + ".weight")
@@ -181,7 +185,7 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
-def write_base_gguf(model, path: str | Path) -> Path:
+def write_base_gguf(model, path: str | Path, fuse_gate_up: bool = False) -> Path:
     """Write `model` as a `qwen35moe` GGUF base with a small BPE tokenizer and ChatML template."""
     path = Path(path)
     c = model.config
@@ -225,7 +229,7 @@ def write_base_gguf(model, path: str | Path) -> Path:
     writer.add_eos_token_id(EOS_ID)
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
-    for name, values in gguf_tensors(model).items():
+    for name, values in gguf_tensors(model, fuse_gate_up).items():
         writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
