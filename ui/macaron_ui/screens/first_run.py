@@ -16,6 +16,7 @@ from textual.widgets import Button, Label, ProgressBar
 from macaron_local.catalog import Catalog
 from macaron_local.download import DownloadCancelled, pull
 from macaron_local.errors import MacaronError
+from macaron_local.fit import machine_verdict
 
 GB = 1e9  # decimal, as download sizes are quoted
 
@@ -43,6 +44,7 @@ class FirstRunScreen(ModalScreen[str | None]):
                 id="tall",
                 disabled=free < size,
             )
+            yield Label(machine_verdict(self.catalog.settings.models_dir)[1], id="tall-fit")
             yield Label("", id="download-status")
             yield ProgressBar(id="download-progress", show_eta=True)
 
