@@ -158,6 +158,8 @@ def main() -> int:
         "rss_adapter_bytes": size,
         "tall_expert_type": fit.TALL_EXPERT_TYPE,
         "tall": table,
+        "ram_gb": {t: row["ram_gb"] for t, row in table.items()},
+        "disk_gb": {t: row["disk_gb"] for t, row in table.items()},
         "expert_switch_ms": {
             "resident": round(resident_ms, 2),
             "on_demand": round(on_demand_ms, 2),
