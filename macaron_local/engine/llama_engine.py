@@ -147,6 +147,7 @@ class Engine:
         self._n_vocab = self.llm.n_vocab()
         self._adapters: OrderedDict[str, AdapterHandle] = OrderedDict()  # resident, least recently used first
         self._evicted: dict[str, AdapterHandle] = {}  # loaded once, freed for room, reloaded on demand
+        self._sizes: dict[str, int] = {}  # file bytes per adapter key, taken when first loaded
         self.reload_count = 0
         self._active: tuple[tuple[str, float], ...] = ()
         self._states: OrderedDict[tuple[tuple[str, float], ...], KVSnapshot] = OrderedDict()
@@ -203,7 +204,8 @@ class Engine:
                 return self._adapters[key]
             if key in self._evicted:
                 return self._evicted[key]  # stays out until a turn uses it
-            self._make_room(path.stat().st_size, keep={k for k, _ in self._active})
+            self._sizes[key] = path.stat().st_size
+            self._make_room(self._sizes[key], keep={k for k, _ in self._active})
             handle = AdapterHandle(key=key, path=path, report=report, pointer=self._init_adapter(path))
             self._adapters[key] = handle
             return handle
@@ -220,7 +222,7 @@ class Engine:
         limit = self.config.max_adapter_bytes
         if limit <= 0:
             return
-        while sum(h.path.stat().st_size for h in self._adapters.values()) + size > limit:
+        while sum(self._sizes.get(k, 0) for k in self._adapters) + size > limit:
             victim = next((k for k in self._adapters if k not in keep), None)
             if victim is None:
                 return  # the set in use alone exceeds the budget: it is loaded anyway
@@ -234,7 +236,7 @@ class Engine:
         report = validate_adapter(handle.path, self.base_info)
         if file_key(handle.path) != key:
             raise AdapterError(f"{handle.path} changed on disk since it was first loaded")
-        self._make_room(handle.path.stat().st_size, keep)
+        self._make_room(self._sizes.get(key, 0), keep)
         self._adapters[key] = replace(handle, report=report, pointer=self._init_adapter(handle.path))
         del self._evicted[key]
         self.reload_count += 1
