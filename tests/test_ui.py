@@ -184,6 +184,7 @@ async def test_first_run_offers_the_embedded_model(home):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
         assert "GB free" in str(app.screen.query_one("#tall").label)
+        assert "Tall" in str(app.screen.query_one("#tall-fit").render())  # whether it fits, with the numbers
         await pilot.click("#embedded")
         await until(pilot, lambda: app.chat is not None)
         assert Settings.load().configured()["model"] == "embedded"

@@ -21,6 +21,7 @@ from textual.widgets import Button, Label, ProgressBar
 from macaron_local.catalog import Catalog
 from macaron_local.download import DownloadCancelled, pull
 from macaron_local.errors import MacaronError
+from macaron_local.fit import machine_verdict
 from macaron_local.pull_plan import PullPlan, plan_pull
 
 GB = 1e9  # decimal, as download sizes are quoted
@@ -56,6 +57,7 @@ class FirstRunScreen(ModalScreen[str | None]):
             yield Label("Welcome to macaron-local. Which model should answer you?", classes="dialog-title")
             yield Button("Embedded: SmolLM2-135M · ready now, works offline", id="embedded", variant="primary")
             yield Button(offer, id="tall", disabled=not fits)
+            yield Label(machine_verdict(self.catalog.settings.models_dir)[1], id="tall-fit")
             yield Label("", id="download-status")
             yield ProgressBar(id="download-progress", show_eta=True)
 
