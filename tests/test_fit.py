@@ -39,6 +39,6 @@ def test_experts_that_fit_and_the_verdict_line():
 
 def test_doctor_says_whether_tall_fits(tmp_path):
     done = run_cli("doctor", "--json", home=tmp_path / "home")
-    checks = {c["name"]: c for c in json.loads(done.stdout)}
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert checks["tall fit"]["detail"].startswith(("Tall fits", "Tall does not fit", "Tall fits in RAM"))
     assert checks["tall fit"]["ok"]  # informational unless Tall is the model being served
