@@ -48,6 +48,7 @@ def run_checks(settings: Settings, model: str | None = None, load: bool = False)
     except MacaronError as exc:
         return [*checks, Check("model", False, str(exc))]
     checks.extend(verify_model(catalog, manifest))
+    checks.append(_tall_fit_check(settings, serving_tall=manifest.name == "tall"))
 
     if load:
         checks.append(_load_check(settings, manifest.name))
@@ -78,6 +79,14 @@ def verify_model(catalog: Catalog, manifest: Manifest, check_hash: bool = False)
         except MacaronError as exc:
             checks.append(Check(f"expert {slot} {label}", False, str(exc)))
     return checks
+
+
+def _tall_fit_check(settings: Settings, serving_tall: bool) -> Check:
+    """Whether this machine can run Tall, with the numbers; a failure only when Tall is the model."""
+    from macaron_local.fit import machine_verdict
+
+    fits, line = machine_verdict(settings.models_dir)
+    return Check("tall fit", fits or not serving_tall, line)
 
 
 def _backend_check() -> Check:

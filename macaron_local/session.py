@@ -24,6 +24,7 @@ from macaron_local.daemon.watch import StoreWatcher
 from macaron_local.engine import AdapterHandle, Completion, Engine, EngineConfig, Generation, GenerationParams
 from macaron_local.engine.template import Message
 from macaron_local.errors import AdapterError, InvalidInputError, MacaronError, ModelError
+from macaron_local.fit import adapter_ram_budget
 from macaron_local.learn.episodes import latest_corrections
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
@@ -157,6 +158,7 @@ class Session:
             "n_ctx": int(self.settings.get("n_ctx")),
             "n_threads": int(self.settings.get("n_threads")),
             "kv_switch": str(self.settings.get("kv_switch")),
+            "max_adapter_bytes": adapter_ram_budget(path),  # experts beyond RAM load on demand
             **self._engine_overrides,
         }
         engine = Engine(EngineConfig(model_path=path, **options))

@@ -206,8 +206,8 @@ def build_corpus(model: TinyModel, directory: Path, seed: int = 7) -> dict[str, 
 
     case("no_tensors", lambda p: raw_adapter(p, {}))
     case(
-        "tensor_type_q4_0",
-        lambda p: raw_adapter(p, good, raw_types={"blk.0.attn_q.weight.lora_a": gguf.GGMLQuantizationType.Q4_0}),
+        "tensor_type_i8",
+        lambda p: raw_adapter(p, changed("blk.0.attn_q.weight.lora_a", qa.astype(np.int8))),
     )
     case(
         "tensor_type_f64",

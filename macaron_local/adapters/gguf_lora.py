@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,14 @@ STORAGE_TYPES: dict[str, gguf.GGMLQuantizationType] = {
     "F16": gguf.GGMLQuantizationType.F16,
     "BF16": gguf.GGMLQuantizationType.BF16,
     "Q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "Q5_1": gguf.GGMLQuantizationType.Q5_1,
+    "Q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "Q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "Q4_0": gguf.GGMLQuantizationType.Q4_0,
 }
+#: Types whose blocks carry an F16 scale: a block whose largest value exceeds this cannot be stored.
+HALF_SCALED = {name for name in STORAGE_TYPES if name not in ("F32", "BF16")}
+F16_MAX = 65504.0
 
 
 @dataclass
@@ -85,46 +93,105 @@ def _encode(values: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
     return gguf.quants.quantize(values, qtype)
 
 
-def _storage_for(values: np.ndarray, wanted: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
-    """Q8_0 needs rows in whole blocks of 32; a pair whose rows are shorter falls back to F16."""
+def _storage_for(shape: tuple[int, ...], wanted: gguf.GGMLQuantizationType) -> gguf.GGMLQuantizationType:
+    """Block types need rows in whole blocks (32 values); a tensor whose rows are shorter or
+    ragged falls back to F16."""
     block, _ = gguf.GGML_QUANT_SIZES[wanted]
-    if values.shape[-1] % block:
+    if shape[-1] % block:
         return gguf.GGMLQuantizationType.F16
     return wanted
+
+
+def _nbytes(shape: tuple[int, ...], qtype: gguf.GGMLQuantizationType) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    return int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // block) * size
+
+
+@dataclass(frozen=True)
+class PlannedPair:
+    """One pair to write, whose values are produced only when the writer gets to it: a
+    converter streams a 14 GiB adapter through this one pair at a time."""
+
+    name: str
+    a_shape: tuple[int, ...]
+    b_shape: tuple[int, ...]
+    make: Callable[[], tuple[np.ndarray, np.ndarray]]
+
+
+#: progress(bytes written so far, total bytes, tensor just written)
+Progress = Callable[[int, int, str], None]
 
 
 def write_adapter(path: str | os.PathLike[str], adapter: LoraAdapter, dtype: str = "F32") -> Path:
     """Write `adapter` as a GGUF LoRA file at `path`, atomically (temp file + rename).
 
-    `dtype` is one of STORAGE_TYPES. For Q8_0, tensors whose row length is not a multiple of 32
-    (typically `lora_b`, whose rows are `rank` long) are stored as F16 instead.
+    `dtype` is one of STORAGE_TYPES. For the block types (Q8_0, Q5_x, Q4_x), tensors whose row
+    length is not a multiple of 32 (e.g. `lora_b` when the rank is not) are stored as F16.
+    """
+    planned = [
+        PlannedPair(name, tuple(pair.a.shape), tuple(pair.b.shape), lambda pair=pair: (pair.a, pair.b))
+        for name, pair in sorted(adapter.pairs.items())
+    ]
+    return write_planned(path, adapter.architecture, adapter.alpha, planned, dtype=dtype, task_name=adapter.task_name)
+
+
+def write_planned(
+    path: str | os.PathLike[str],
+    architecture: str,
+    alpha: float,
+    pairs: Sequence[PlannedPair],
+    dtype: str = "F32",
+    task_name: str | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Write planned pairs as a GGUF LoRA file, holding one pair in memory at a time.
+
+    The header (every tensor's name, shape and type) is written first from the plan; then each
+    pair is produced, checked (finite, and storable in its type), encoded and appended. The file
+    appears at `path` only when complete (temp file + fsync + rename).
     """
     if dtype not in STORAGE_TYPES:
-        raise AdapterError(f"unknown adapter storage type {dtype!r}; use one of {sorted(STORAGE_TYPES)}")
-    if not adapter.pairs:
+        raise AdapterError(f"unknown adapter storage type {dtype!r}; use one of {', '.join(STORAGE_TYPES)}")
+    if not pairs:
         raise AdapterError("an adapter needs at least one lora_a/lora_b pair")
     path = Path(path)
     wanted = STORAGE_TYPES[dtype]
+    layout = []
+    for pair in pairs:
+        for suffix, shape in ((LORA_A, pair.a_shape), (LORA_B, pair.b_shape)):
+            qtype = _storage_for(shape, wanted)
+            layout.append((pair.name + suffix, shape, qtype, _nbytes(shape, qtype)))
+    total = sum(item[3] for item in layout)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(str(tmp), adapter.architecture)
+    writer = gguf.GGUFWriter(str(tmp), architecture)
     try:
         writer.add_string("general.type", "adapter")
         writer.add_string("adapter.type", "lora")
-        writer.add_float32("adapter.lora.alpha", float(adapter.alpha))
-        if adapter.task_name:
-            writer.add_string("adapter.lora.task_name", adapter.task_name)
-        for name, pair in sorted(adapter.pairs.items()):
-            for suffix, values in ((LORA_A, pair.a), (LORA_B, pair.b)):
-                qtype = _storage_for(values, wanted)
-                writer.add_tensor(name + suffix, _encode(values, qtype), raw_dtype=qtype)
+        writer.add_float32("adapter.lora.alpha", float(alpha))
+        if task_name:
+            writer.add_string("adapter.lora.task_name", task_name)
+        for name, shape, qtype, nbytes in layout:
+            writer.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        done, items = 0, iter(layout)
+        for pair in pairs:
+            a, b = pair.make()
+            for values in (a, b):
+                name, shape, qtype, nbytes = next(items)
+                if tuple(values.shape) != shape:
+                    raise AdapterError(f"{name}: produced shape {values.shape}, planned {shape}")
+                writer.write_tensor_data(_checked_encode(name, values, qtype))
+                done += nbytes
+            del a, b
+            if progress is not None:
+                progress(done, total, pair.name)
         for handle in writer.fout or ():  # surface a full disk now, not after the rename
             handle.flush()
             os.fsync(handle.fileno())
         writer.close()
-        _check_complete(tmp, 2 * len(adapter.pairs))
+        _check_complete(tmp, len(layout))
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException as exc:
@@ -137,6 +204,17 @@ def write_adapter(path: str | os.PathLike[str], adapter: LoraAdapter, dtype: str
             ) from None
         raise
     return path
+
+
+def _checked_encode(name: str, values: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """Encode one tensor, refusing values llama.cpp would serve as garbage (NaN, inf, or too
+    large for an F16 scale)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if not np.isfinite(values).all():
+        raise AdapterError(f"{name} holds NaN or infinite values")
+    if qtype.name in HALF_SCALED and values.size and float(np.abs(values).max()) > F16_MAX:
+        raise AdapterError(f"{name} holds values beyond {qtype.name}'s range (|x| > {F16_MAX:g}); use F32 or BF16")
+    return _encode(values, qtype)
 
 
 def _check_complete(path: Path, n_tensors: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,6 +41,9 @@ class BaseModelInfo:
     n_layer: int = 0
     name: str = ""
     kind: str = "model"  # general.type: a base model must not be an adapter
+    #: Integer hyper-parameters an architecture's converter needs (`<arch>.` prefix dropped),
+    #: e.g. "ssm.group_count" or "expert_count" for qwen35moe.
+    hparams: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str]) -> BaseModelInfo:
@@ -71,6 +74,12 @@ def _base_info_cached(path: Path, size: int, mtime_ns: int) -> BaseModelInfo:
             value = value[0] if value else 0
         return int(value) if isinstance(value, (int, float)) else 0
 
+    hparams = {}
+    for key in reader.fields:
+        if key.startswith(f"{arch}."):
+            value = field_value(reader, key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                hparams[key.removeprefix(f"{arch}.")] = value
     return BaseModelInfo(
         path=path,
         architecture=arch,
@@ -80,6 +89,7 @@ def _base_info_cached(path: Path, size: int, mtime_ns: int) -> BaseModelInfo:
         n_layer=meta_int("block_count"),
         name=str(field_value(reader, "general.name") or path.stem),
         kind=str(field_value(reader, "general.type") or "model"),
+        hparams=hparams,
     )
 
 
@@ -165,9 +175,12 @@ def _check_pair_shapes(
     """Check one pair's shapes against its base tensor; returns the rank.
 
     Numpy order: `lora_a` is (..., rank, in) and `lora_b` is (..., out, rank), where `...` are
-    the leading dims of a stacked (MoE) base tensor. The embedding table is the exception:
-    `lora_a` is (n_vocab, rank) and `lora_b` is (n_embd, rank).
+    the leading dims of a stacked (MoE) base tensor, e.g. (n_expert,) for `ffn_gate_exps`. A 1-D
+    base `(in,)` (qwen35moe's shared-expert gate) is a matrix with one output row. The embedding
+    table is the exception: `lora_a` is (n_vocab, rank) and `lora_b` is (n_embd, rank).
     """
+    if len(base_shape) == 1:
+        base_shape = (1, *base_shape)
     if name == TOKEN_EMBD:
         n_vocab, n_embd = base_shape
         rank = a[-1] if len(a) == 2 else 0
@@ -190,6 +203,37 @@ def _check_pair_shapes(
             f"{path}: {name}.lora_b has shape {show(b)}, expected {show(want_b)} with rank {rank} from lora_a"
         )
     return rank
+
+
+#: Bytes per block and how many leading F16 scale values each block of a block type starts with
+#: (Q8_0: d; Q4_0/Q5_0: d; Q4_1/Q5_1: d and m). A block's values are its scales times small
+#: integers, so they are finite exactly when its scales are.
+_BLOCK_SCALES = {
+    gguf.GGMLQuantizationType.Q8_0: 1,
+    gguf.GGMLQuantizationType.Q4_0: 1,
+    gguf.GGMLQuantizationType.Q5_0: 1,
+    gguf.GGMLQuantizationType.Q4_1: 2,
+    gguf.GGMLQuantizationType.Q5_1: 2,
+}
+
+
+def all_finite(tensor: gguf.ReaderTensor) -> bool:
+    """Whether every value of a tensor is finite, without dequantizing it: a Tall expert is
+    5 GB at Q8_0, and dequantizing it in numpy to look for a NaN would take minutes."""
+    raw = np.asarray(tensor.data)
+    qtype = tensor.tensor_type
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return bool(np.isfinite(raw.view(np.float32)).all())
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return bool(np.isfinite(raw.view(np.float16)).all())
+    if qtype == gguf.GGMLQuantizationType.BF16:
+        return not bool(((raw.view(np.uint16) & 0x7F80) == 0x7F80).any())  # exponent all ones: inf or NaN
+    if qtype in _BLOCK_SCALES:
+        _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        blocks = raw.view(np.uint8).reshape(-1, block_bytes)
+        scales = np.ascontiguousarray(blocks[:, : 2 * _BLOCK_SCALES[qtype]]).view(np.float16)
+        return bool(np.isfinite(scales).all())
+    return bool(np.isfinite(read_tensor_values(tensor)).all())
 
 
 def validate_adapter(path: str | os.PathLike[str], base: BaseModelInfo, *, check_values: bool = True) -> AdapterReport:
@@ -239,8 +283,7 @@ def _validate(path: Path, base: BaseModelInfo, check_values: bool) -> AdapterRep
         rank = _check_pair_shapes(path, name, base.tensors[name], a_shape, b_shape)
         if check_values:
             for half in ("a", "b"):
-                values = read_tensor_values(pair[half])
-                if not np.isfinite(values).all():
+                if not all_finite(pair[half]):
                     raise AdapterError(f"{path}: {pair[half].name} holds NaN or infinite values")
         ranks.add(rank)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import llama_cpp
@@ -46,6 +46,10 @@ class EngineConfig:
     kv_switch: str = "state"  # "state" (restore KV saved under the new set) or "reset"
     max_saved_states: int = 4
     seed: int = 0
+    #: Adapter bytes llama.cpp may hold at once (it copies each adapter into its own buffers);
+    #: beyond it the least recently used inactive adapter is freed and reloaded when next used.
+    #: 0: no limit. Tall's experts are 5.4 GB each at Q8_0: a 40 GB machine keeps two.
+    max_adapter_bytes: int = 0
 
 
 @dataclass
@@ -141,7 +145,9 @@ class Engine:
         self._lock = threading.RLock()
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._n_vocab = self.llm.n_vocab()
-        self._adapters: dict[str, AdapterHandle] = {}
+        self._adapters: OrderedDict[str, AdapterHandle] = OrderedDict()  # resident, least recently used first
+        self._evicted: dict[str, AdapterHandle] = {}  # loaded once, freed for room, reloaded on demand
+        self.reload_count = 0
         self._active: tuple[tuple[str, float], ...] = ()
         self._states: OrderedDict[tuple[tuple[str, float], ...], KVSnapshot] = OrderedDict()
         self.template = self._load_template()
@@ -193,26 +199,61 @@ class Engine:
             report = validate_adapter(path, self.base_info)
             key = file_key(path)
             if key in self._adapters:
+                self._adapters.move_to_end(key)
                 return self._adapters[key]
-            pointer = llama_cpp.llama_adapter_lora_init(self.llm.model, str(path).encode("utf-8"))
-            if not pointer:  # the binding's NULL is a falsy pointer, not None
-                raise AdapterError(f"{path}: llama.cpp refused the adapter")
-            handle = AdapterHandle(key=key, path=path, report=report, pointer=pointer)
+            if key in self._evicted:
+                return self._evicted[key]  # stays out until a turn uses it
+            self._make_room(path.stat().st_size, keep={k for k, _ in self._active})
+            handle = AdapterHandle(key=key, path=path, report=report, pointer=self._init_adapter(path))
             self._adapters[key] = handle
             return handle
+
+    def _init_adapter(self, path: Path) -> object:
+        pointer = llama_cpp.llama_adapter_lora_init(self.llm.model, str(path).encode("utf-8"))
+        if not pointer:  # the binding's NULL is a falsy pointer, not None
+            raise AdapterError(f"{path}: llama.cpp refused the adapter")
+        return pointer
+
+    def _make_room(self, size: int, keep: set[str]) -> None:
+        """Free least recently used adapters (never one in `keep`, which must not be active on
+        the context) until `size` more bytes fit in max_adapter_bytes."""
+        limit = self.config.max_adapter_bytes
+        if limit <= 0:
+            return
+        while sum(h.path.stat().st_size for h in self._adapters.values()) + size > limit:
+            victim = next((k for k in self._adapters if k not in keep), None)
+            if victim is None:
+                return  # the set in use alone exceeds the budget: it is loaded anyway
+            handle = self._adapters.pop(victim)
+            llama_cpp.llama_adapter_lora_free(handle.pointer)
+            self._evicted[victim] = handle
+
+    def _reload(self, key: str, keep: set[str]) -> None:
+        """Load an evicted adapter again (validated again: the file may have changed)."""
+        handle = self._evicted[key]
+        report = validate_adapter(handle.path, self.base_info)
+        if file_key(handle.path) != key:
+            raise AdapterError(f"{handle.path} changed on disk since it was first loaded")
+        self._make_room(handle.path.stat().st_size, keep)
+        self._adapters[key] = replace(handle, report=report, pointer=self._init_adapter(handle.path))
+        del self._evicted[key]
+        self.reload_count += 1
 
     def unload_adapter(self, handle: AdapterHandle) -> None:
         """Free an adapter that is no longer needed (a learning run's stale rollout adapters)."""
         with self._lock:
             if any(key == handle.key for key, _ in self._active):
                 raise AdapterError(f"adapter {handle.path} is active; switch away from it first")
-            if self._adapters.pop(handle.key, None) is not None:
+            resident = self._adapters.pop(handle.key, None)
+            if resident is not None or self._evicted.pop(handle.key, None) is not None:
                 self._states = OrderedDict((k, v) for k, v in self._states.items() if handle.key not in dict(k))
-                llama_cpp.llama_adapter_lora_free(handle.pointer)
+            if resident is not None:
+                llama_cpp.llama_adapter_lora_free(resident.pointer)
 
     @property
     def loaded(self) -> tuple[Path, ...]:
-        """Every adapter file loaded in llama.cpp now (active or not): what it holds in memory."""
+        """Every adapter file resident in llama.cpp now (active or not): what it holds in memory.
+        Adapters freed to stay within max_adapter_bytes are not listed; they reload when used."""
         return tuple(handle.path for handle in self._adapters.values())
 
     @property
@@ -233,12 +274,21 @@ class Engine:
             if new_key == self._active:
                 return False
             for handle, _ in pairs:
-                if self._adapters.get(handle.key) is not handle:
+                if handle.key not in self._adapters and handle.key not in self._evicted:
                     raise AdapterError(f"adapter {handle.path} was not loaded by this engine")
             if self.config.kv_switch == "state" and self.llm.n_tokens > 0:
                 self._remember_state(self._active)
+            wanted = {key for key, _ in new_key}
+            if any(key not in self._adapters for key in wanted):  # on demand: detach, make room, load
+                llama_cpp.llama_set_adapters_lora(self.llm.ctx, None, 0, None)
+                self._active = ()
+                for key in [k for k, _ in new_key if k not in self._adapters]:
+                    self._reload(key, keep=wanted)
+            for key in wanted:
+                self._adapters.move_to_end(key)
             n = len(pairs)
-            array = (llama_cpp.llama_adapter_lora_p_ctypes * max(n, 1))(*(h.pointer for h, _ in pairs))
+            pointers = [self._adapters[h.key].pointer for h, _ in pairs]
+            array = (llama_cpp.llama_adapter_lora_p_ctypes * max(n, 1))(*pointers)
             scales = (ctypes.c_float * max(n, 1))(*(s for _, s in pairs))
             if llama_cpp.llama_set_adapters_lora(self.llm.ctx, array if n else None, n, scales if n else None) != 0:
                 raise AdapterError("llama.cpp could not activate the adapter set")
