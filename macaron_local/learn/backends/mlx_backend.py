@@ -83,7 +83,9 @@ class MlxBackend:
         self._nn = nn
 
     def linear_weight_names(self) -> list[str]:
-        return [f"{name}.weight" for name, module in self.model.named_modules() if isinstance(module, self._nn.Linear)]
+        modules = self.model.named_modules()
+        linear = [name for name, module in modules if isinstance(module, self._nn.Linear)]
+        return [f"{name.removesuffix('.linear')}.weight" for name in linear]  # also after add_lora
 
     def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
         from mlx.utils import tree_flatten, tree_unflatten

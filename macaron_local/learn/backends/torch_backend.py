@@ -70,7 +70,11 @@ class TorchBackend:
 
     def linear_weight_names(self) -> list[str]:
         linear = self.torch.nn.Linear
-        return [f"{name}.weight" for name, module in self.model.named_modules() if isinstance(module, linear)]
+        names = []
+        for name, module in self.model.named_modules():
+            if isinstance(module, linear) and ".lora_" not in name:  # the base's, also under peft
+                names.append(f"{name.removeprefix('base_model.model.').removesuffix('.base_layer')}.weight")
+        return names
 
     def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
         """Add deltas to base weights; also after `add_lora` (peft's wrapped names), so one
