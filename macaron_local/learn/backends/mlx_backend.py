@@ -83,13 +83,23 @@ class MlxBackend:
         self._nn = nn
 
     def linear_weight_names(self) -> list[str]:
-        return [f"{name}.weight" for name, module in self.model.named_modules() if isinstance(module, self._nn.Linear)]
+        modules = self.model.named_modules()
+        linear = [name for name, module in modules if isinstance(module, self._nn.Linear)]
+        return [f"{name.removesuffix('.linear')}.weight" for name in linear]  # also after add_lora
 
     def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
         from mlx.utils import tree_flatten, tree_unflatten
 
         current = dict(tree_flatten(self.model.parameters()))
-        updated = [(n, current[n] + self.mx.array(np.asarray(d)).astype(current[n].dtype)) for n, d in deltas.items()]
+
+        def resolved(name: str) -> str:  # after add_lora, LoRALinear keeps the base at `.linear`
+            module, _, leaf = name.rpartition(".")
+            return name if name in current else f"{module}.linear.{leaf}"
+
+        updated = []
+        for name, delta in deltas.items():
+            key = resolved(name)
+            updated.append((key, current[key] + self.mx.array(np.asarray(delta)).astype(current[key].dtype)))
         self.model.update(tree_unflatten(updated))
         self.mx.eval(self.model.parameters())
 
@@ -105,6 +115,13 @@ class MlxBackend:
         self._lora = {name: m for name, m in self.model.named_modules() if isinstance(m, LoRALinear)}
         self.model.set_dtype(self.dtype)
         self.optimizer = optim.AdamW(learning_rate=self.lr, weight_decay=0.0)
+
+    def reset_optimizer(self, lr: float) -> None:
+        """A fresh AdamW at `lr` (a retry of the run at another step size)."""
+        import mlx.optimizers as optim
+
+        self.lr = lr
+        self.optimizer = optim.AdamW(learning_rate=lr, weight_decay=0.0)
 
     def asarray(self, values: np.ndarray):
         return self.mx.array(np.asarray(values, dtype=np.float32)).astype(self.dtype)

@@ -70,13 +70,31 @@ class TorchBackend:
 
     def linear_weight_names(self) -> list[str]:
         linear = self.torch.nn.Linear
-        return [f"{name}.weight" for name, module in self.model.named_modules() if isinstance(module, linear)]
+        names = []
+        for name, module in self.model.named_modules():
+            if isinstance(module, linear) and ".lora_" not in name:  # the base's, also under peft
+                names.append(f"{name.removeprefix('base_model.model.').removesuffix('.base_layer')}.weight")
+        return names
 
     def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
+        """Add deltas to base weights; also after `add_lora` (peft's wrapped names), so one
+        run can switch the expert underneath a shared LoRA."""
         with self.torch.no_grad():
             for name, delta in deltas.items():
-                weight = self.model.get_parameter(name)
+                weight = self._base_parameter(name)
                 weight += self.torch.from_numpy(np.asarray(delta)).to(weight.device, weight.dtype)
+
+    def _base_parameter(self, name: str):
+        try:
+            return self.model.get_parameter(name)
+        except AttributeError:
+            module, _, leaf = name.rpartition(".")
+            return self.model.get_parameter(f"base_model.model.{module}.base_layer.{leaf}")
+
+    def reset_optimizer(self, lr: float) -> None:
+        """A fresh AdamW at `lr` (a retry of the run at another step size)."""
+        self.lr = lr
+        self.optimizer = self.torch.optim.AdamW(self._trainable(), lr=lr, weight_decay=0.0)
 
     def add_lora(self, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> None:
         from peft import LoraConfig, get_peft_model
