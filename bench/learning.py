@@ -21,6 +21,9 @@ gate rejected every candidate); `deployed`, `decision_reason` and `slots` (one e
 the run decided on, with its candidates) say which.
 
 Usage: python bench/learning.py --scenario ../shared/scenarios/tldr.json --json
+       python bench/learning.py --model tiny-qwen35moe --scenario ... --json   (Tall's code path:
+       a tiny random qwen3_5_moe with PEFT experts and a trainer checkpoint, see tiny_tall.py;
+       `--model DIR` takes a directory that script built)
 """
 
 from __future__ import annotations
@@ -173,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=("auto", "torch", "mlx"), help="the RL run's trainer")
     parser.add_argument("--ratings-only", action="store_true", help="the user rates replies, never corrects")
     parser.add_argument("--no-baselines", action="store_true", help="skip the SFT and trainer-speed baselines")
+    parser.add_argument("--model", help="'tiny-qwen35moe' (built here) or a directory bench/tiny_tall.py built")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
     check = checker(scenario)
@@ -181,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(tempfile.mkdtemp(prefix="macaron-learn-bench-"))
     settings = Settings.load(home)
     settings.ensure_dirs()
+    if args.model:  # Tall's architecture at toy size, registered as a local model of this home
+        import tiny_tall
+
+        built = Path(args.model) if Path(args.model).is_dir() else tiny_tall.build(home / "tiny-qwen35moe")
+        tiny_tall.register(settings, built)
+        settings = Settings.load(home)
     config = learn_config(settings)  # what `macaron learn` and the daemon use
     overrides = {"steps": args.steps, "lr": args.lr, "backend": args.backend}
     if args.rank:

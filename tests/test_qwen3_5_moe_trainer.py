@@ -196,3 +196,14 @@ def test_qwen3_5_moe_trainer_quantization_choice_and_checkpoint_resolution(tmp_p
     (tmp_path / "empty").mkdir()
     with pytest.raises(MacaronError, match="no config.json"):
         resolve_checkpoint(tmp_path / "empty")
+
+
+def test_qwen3_5_moe_trainer_sampler_scores_after_another_sequence(engine):
+    """The training loop scores each sample right after the previous one; Gated DeltaNet's
+    recurrent state cannot be cut back to a shared prefix, so the engine starts it over."""
+    engine.set_adapters([])
+    first = engine.token_logprobs(PROMPT, COMPLETION)
+    other = engine.token_logprobs(PROMPT, [3, 3, 8])  # the same prompt, another completion
+    again = engine.token_logprobs(PROMPT, COMPLETION)
+    assert other.shape == (3,)
+    np.testing.assert_allclose(again, first, atol=1e-5)

@@ -36,6 +36,7 @@ from macaron_local.learn.export import export_gguf, parity_check
 from macaron_local.learn.loop import LearnConfig, StepLog, completion_tokens, train
 from macaron_local.learn.personal import PERSONAL_SLOT
 from macaron_local.learn.plan import NightPlan, plan_night
+from macaron_local.learn.stacking import expert_trainer_source, stacked_source
 from macaron_local.learn.warm import warm_start
 from macaron_local.learn.workdir import run_workdir
 from macaron_local.store import Store
@@ -113,6 +114,7 @@ class Experts:
         self.paths = {slot: catalog.expert_path(manifest, slot) for slot in SLOTS}
         self.handles = {slot: engine.load_adapter(p) for slot, p in self.paths.items() if p is not None}
         self.base = base
+        self.sources = {str(p): expert_trainer_source(catalog, manifest, s) for s, p in self.paths.items() if p}
         self._deltas: dict[str, dict[str, np.ndarray]] = {}
         self._folded = ""  # the expert file folded into the backend now ("" = none)
         self.backend = None
@@ -126,6 +128,9 @@ class Experts:
 
     def underneath(self, group: str) -> list[AdapterHandle]:
         """Fold `group`'s expert into the backend (unfolding the previous one); the engine's set."""
+        if group != self._folded and getattr(self.backend, "stacks_experts", False):  # Tall: stacked
+            self.backend.stack_expert(stacked_source(self.sources, group))
+            self._folded = group
         if group != self._folded and self.backend is not None:
             names = self.backend.linear_weight_names()
             if self._folded:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from macaron_local.adapters.peft import CONFIG_FILE, WEIGHTS_FILE
+from macaron_local.errors import ModelError
 
 #: Model types whose trainer stacks the expert instead of folding it.
 STACKED_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
@@ -71,3 +72,16 @@ def expert_trainer_source(catalog, manifest, slot: str) -> Path | None:
     if src.kind == "huggingface":
         return peft_source(catalog.model_dir(manifest) / src.subfolder)
     return peft_source(catalog.source_path(manifest, src))
+
+
+def stacked_source(sources: dict[str, Path | None], group: str) -> Path | None:
+    """The PEFT directory to stack for an episode group (the expert's GGUF path; "" = none)."""
+    if not group:
+        return None
+    source = sources.get(group)
+    if source is None:
+        raise ModelError(
+            f"the trainer stacks the expert served from {Path(group).name} and needs the PEFT files it was "
+            "converted from (an expert shipped as GGUF only cannot be trained on with this model)"
+        )
+    return source
