@@ -44,3 +44,23 @@ def test_the_daemon_condition_knows_the_plan(home):
         assert word in memory.detail and memory.ok is ok
         if not ok:
             assert any("chat app" in r for r in result.reasons)
+
+
+def test_the_plan_for_a_registered_tall_shaped_model(home, tmp_path):
+    """The active model's own files decide the figures (the tiny qwen3_5_moe with its trainer
+    checkpoint and PEFT experts); only the machine's RAM is injected. Small dense models get no plan."""
+    import sys
+    from pathlib import Path
+
+    from macaron_local.learn.memory_plan import machine_memory_plan
+
+    assert machine_memory_plan(home, total_bytes=64 * GIB) is None  # the embedded model: always fits
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import tiny_tall
+
+    tiny_tall.register(home, tiny_tall.build(tmp_path / "tall"))
+    roomy = machine_memory_plan(home, total_bytes=64 * GIB)
+    assert roomy is not None and roomy.mode == "together"
+    # Engine (3 GiB runtime allowance + files) and trainer (2 GiB allowance + files) in turns.
+    assert machine_memory_plan(home, total_bytes=10 * GIB).mode == "sequential"
+    assert machine_memory_plan(home, total_bytes=10 * GIB, app_bytes=4 * GIB).mode == "wait"

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from macaron_local.daemon import locks, probes
 from macaron_local.daemon.config import DaemonConfig
-from macaron_local.learn.memory_plan import MemoryPlan
+from macaron_local.learn.memory_plan import MemoryPlan, machine_memory_plan
 from macaron_local.settings import Settings
 from macaron_local.store import Store
 
@@ -27,8 +27,8 @@ class Probes:
     user_idle_s: Callable[[], float | None] = probes.user_idle_seconds
     load_per_core: Callable[[int], float | None] = probes.load_per_core
     generating: Callable[[Settings], bool] = locks.chat_generating
-    #: The night's memory plan on this machine (None: not computed for this model).
-    memory_plan: Callable[[Settings], MemoryPlan | None] = lambda settings: None
+    #: The night's memory plan on this machine (None: not needed for this model, or unknown).
+    memory_plan: Callable[[Settings], MemoryPlan | None] = machine_memory_plan
 
 
 @dataclass(frozen=True)

@@ -84,3 +84,52 @@ def plan_memory(footprint: Footprint, total_bytes: int, reserve_bytes: int = OS_
         f"one phase alone needs {gib(max(e, t))} of {gib(budget)}: this machine cannot learn this model "
         "locally (a smaller model, or a remote trainer)",
     )
+
+
+def trainer_bytes_estimate(checkpoint_bytes: int, expert_bytes: int, backend: str, quantization: str | None) -> int:
+    """A planning figure for the trainer's peak: its copy of the base (float32 on a CPU torch,
+    the chosen bitsandbytes width on CUDA, 4-bit on MLX), the stacked expert in float32, and a
+    fixed allowance for activations, the personal LoRA and its optimizer."""
+    from macaron_local.learn.backends.checkpoint import BITS_FACTOR
+
+    if backend == "mlx":
+        base = checkpoint_bytes * BITS_FACTOR["4bit"]
+    elif quantization is None and backend == "torch-cpu":
+        base = checkpoint_bytes * 2  # BF16 on disk, float32 in the trainer
+    else:
+        base = checkpoint_bytes * BITS_FACTOR[quantization]
+    return int(base + 2 * expert_bytes + 2 * GIB)
+
+
+def machine_memory_plan(settings, total_bytes: int | None = None, app_bytes: int = 0) -> MemoryPlan | None:
+    """The plan for the active model on this machine, for models whose trainer stacks its
+    experts from a trainer checkpoint (Tall); None for the others (small models always fit) or
+    when a figure is unknown. The daemon's `memory` condition reads it."""
+    from macaron_local.catalog import SLOTS, Catalog
+    from macaron_local.fit import RUNTIME_OVERHEAD_BYTES, machine_ram_bytes
+    from macaron_local.learn.backends import choose_backend
+    from macaron_local.learn.backends.checkpoint import checkpoint_bytes, resolve_checkpoint
+    from macaron_local.learn.stacking import expert_trainer_source
+
+    catalog = Catalog(settings)
+    try:
+        manifest = catalog.default()
+        if manifest.architecture != "qwen35moe" or not manifest.trainer_checkpoint:
+            return None
+        checkpoint = resolve_checkpoint(manifest.trainer_checkpoint)
+        base_path = catalog.base_path(manifest)
+        backend = choose_backend(str(settings.get("learning_backend") or "auto"))
+    except Exception:  # noqa: BLE001  (no plan: the other conditions decide, the run reports errors)
+        return None
+    experts = [catalog.expert_path(manifest, slot) for slot in SLOTS]
+    expert_files = [p.stat().st_size for p in experts if p is not None and p.is_file()]
+    sources = [expert_trainer_source(catalog, manifest, slot) for slot in SLOTS]
+    peft = [checkpoint_bytes(s) for s in sources if s is not None]
+    engine = base_path.stat().st_size + max(expert_files, default=0) + RUNTIME_OVERHEAD_BYTES
+    trainer = trainer_bytes_estimate(
+        checkpoint_bytes(checkpoint), max(peft, default=0), "mlx" if backend == "mlx" else "torch-cpu", None
+    )
+    total = total_bytes if total_bytes is not None else machine_ram_bytes()
+    if total is None:
+        return None
+    return plan_memory(Footprint(engine, trainer, app_bytes), total)
