@@ -64,7 +64,7 @@ def engine(tall):
         yield engine
 
 
-def trainer(checkpoint, lr: float = 1e-2, name: str = "torch", bits: int | None = None):
+def trainer(checkpoint, lr: float = 1e-2, name: str = "torch", bits: int | str | None = None):
     if name == "mlx":
         from macaron_local.learn.backends.mlx_backend import MlxBackend
 
@@ -241,7 +241,7 @@ def test_qwen3_5_moe_trainer_mlx_4bit_base_stacks_and_trains(tall, tmp_path):
     import mlx.nn as nn
 
     _, checkpoint, base, experts = tall
-    backend = trainer(checkpoint, lr=3e-2, name="mlx", bits=4)
+    backend = trainer(checkpoint, lr=3e-2, name="mlx", bits="auto")  # the default: 4-bit for Tall-class models
     assert any(isinstance(m, nn.QuantizedLinear) for _, m in backend.model.named_modules())
     backend.stack_expert(experts[1][0])
     assert np.abs(scored(backend, lora=False) - scored(backend)).max() == 0  # B = 0: no personal effect yet

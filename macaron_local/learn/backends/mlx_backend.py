@@ -45,9 +45,13 @@ def _require_mlx():
 class MlxBackend:
     name = "mlx"
 
-    def __init__(self, lr: float = 1e-4, dtype: str = "float32", bits: int | None = None, group_size: int = 64) -> None:
+    def __init__(
+        self, lr: float = 1e-4, dtype: str = "float32", bits: int | str | None = "auto", group_size: int = 64
+    ) -> None:
         self.mx = _require_mlx()
-        self.bits, self.group_size = bits, group_size  # a quantized base (Tall: 4-bit), checkpoints only
+        # A quantized base, for checkpoints only: "auto" is 4-bit for Tall-class models (the only
+        # way its base fits beside the engine on a 64 GB Mac), full precision for the others.
+        self.bits, self.group_size = bits, group_size
         self.expert_source: Path | None = None
         self._expert_layers: list[tuple[object, str, object]] = []  # (parent, attribute, wrapper)
         self.model_type = ""
@@ -65,7 +69,12 @@ class MlxBackend:
         from mlx_lm.utils import _get_classes
 
         if checkpoint:  # the local directory or cache only: learning never downloads
-            self.model, self.config = load_checkpoint(resolve_checkpoint(checkpoint), self.bits, self.group_size)
+            local = resolve_checkpoint(checkpoint)
+            bits = self.bits
+            if bits == "auto":
+                model_type = json.loads((local / "config.json").read_text()).get("model_type", "")
+                bits = 4 if stacks_experts(model_type) else None
+            self.model, self.config = load_checkpoint(local, bits, self.group_size)
         else:
             self.config = hf_config(Path(base_gguf))
             model_class, args_class = _get_classes(self.config)
