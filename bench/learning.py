@@ -4,23 +4,32 @@ forgetting, compared with the usual approaches measured in the same run?
 For a scenario file (name, check {type: regex, pattern, flags}, train [{prompt, correction}],
 heldout [prompt]):
 1. seed a fresh store (MACARON_HOME in a temp dir) with chats whose replies the model generated
-   and the user corrected as the scenario says;
-2. run the learning loop (GRPO with engine rollouts + the correction in each group + KL + SFT);
-3. score held-out prompts (greedy replies through the engine pass the scenario's check) and the
-   regression set (passage NLL without the chat template, factual QA), before and after;
+   (each prompt routed to its expert as the chat routes it) and the user corrected as the
+   scenario says (`--ratings-only`: the user only rates sampled replies, +1 when the check
+   passes, -1 when not, and never writes a correction);
+2. run exactly the pass `macaron learn` runs (`learn_once` with the settings' `[learn]`
+   config; flags override, and `config` in the JSON records what was used);
+3. score held-out prompts (greedy replies, each routed and served with what the chat would
+   stack on its expert, pass the scenario's check) and the regression set (passage NLL, factual
+   QA with the chat's system prompt and template), before and after;
 4. the same for plain supervised LoRA (the usual approach) and for pasting the corrections
    into the system prompt (prompt memory, with its time to first token);
 5. trainer tokens/s against a plain peft/transformers loop on the same model and batch.
 
 `after` and the regression figures are measured with whatever the run deployed (nothing, if the
-gate rejected the candidate); `deployed` and `decision_reason` say which.
+gate rejected every candidate); `deployed`, `decision_reason` and `slots` (one entry per slot
+the run decided on, with its candidates) say which.
 
 Usage: python bench/learning.py --scenario ../shared/scenarios/tldr.json --json
+       python bench/learning.py --model tiny-qwen35moe --scenario ... --json   (Tall's code path:
+       a tiny random qwen3_5_moe with PEFT experts and a trainer checkpoint, see tiny_tall.py;
+       `--model DIR` takes a directory that script built)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -32,6 +41,7 @@ from pathlib import Path
 from common import emit
 
 from macaron_local.adapters import BaseModelInfo
+from macaron_local.daemon.config import learn_config
 from macaron_local.engine import Engine, GenerationParams
 from macaron_local.learn import losses
 from macaron_local.learn.backends import choose_backend
@@ -39,17 +49,21 @@ from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.torch_backend import TorchBackend
 from macaron_local.learn.episodes import episodes_from_store
 from macaron_local.learn.export import export_gguf
-from macaron_local.learn.loop import LearnConfig, completion_tokens
+from macaron_local.learn.loop import completion_tokens
 from macaron_local.learn.regression import score as regression_score
-from macaron_local.learn.run import learn_once
+from macaron_local.learn.run import learn_once, serve_params
 from macaron_local.session import Session
 from macaron_local.settings import Settings
 
 GREEDY = GenerationParams(max_tokens=48, temperature=0.0, repeat_penalty=1.1)
+RATINGS_PER_PROMPT = 3
 
 
 def load_scenario(path: Path) -> dict:
-    scenario = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        scenario = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: scenario {path} is unreadable: {exc}") from None
     for key in ("check", "train", "heldout"):
         if key not in scenario:
             raise SystemExit(f"error: scenario {path} has no {key!r}")
@@ -66,11 +80,18 @@ def checker(scenario: dict):
     return lambda text: bool(pattern.search(text))
 
 
-def heldout_share(engine: Engine, adapters, system_prompt: str, prompts: list[str], check) -> tuple[float, float]:
-    """Share of held-out prompts whose greedy reply passes the check, and the median TTFT (ms)."""
-    engine.set_adapters(adapters)
+def served_stack(session: Session):
+    """slot -> the adapters the chat stacks for a turn routed to it (expert + personal)."""
+    return session.adapters_for
+
+
+def heldout_share(session: Session, stack, system_prompt: str, prompts: list[str], check) -> tuple[float, float]:
+    """Share of held-out prompts whose greedy reply passes the check, and the median TTFT (ms).
+    Each prompt is routed as the chat routes it and answered under `stack(slot)`."""
+    engine = session.engine
     passed, ttfts = 0, []
     for prompt in prompts:
+        engine.set_adapters(stack(session.route(prompt).slot))
         tokens = engine.render_tokens(
             [{"role": "system", "content": system_prompt}, {"role": "user", "content": prompt}]
         )
@@ -78,6 +99,21 @@ def heldout_share(engine: Engine, adapters, system_prompt: str, prompts: list[st
         passed += check(done.text)
         ttfts.append(done.ttft_ms)
     return passed / len(prompts), statistics.median(ttfts)
+
+
+def seed_feedback(session: Session, scenario: dict, check, ratings_only: bool) -> None:
+    """The simulated user: corrects each reply as the scenario says, or only rates replies."""
+    for i, item in enumerate(scenario["train"]):
+        if not ratings_only:
+            session.new_conversation()
+            reply = session.send(item["prompt"], params=GREEDY).wait()
+            session.correct(reply.message_id, item["correction"])
+            continue
+        for k in range(RATINGS_PER_PROMPT):
+            session.new_conversation()
+            params = dataclasses.replace(GREEDY, temperature=0.0 if k == 0 else 1.0, seed=1000 * i + k)
+            reply = session.send(item["prompt"], params=params).wait()
+            session.rate(reply.message_id, 1 if check(reply.text) else -1)
 
 
 def sft_baseline(model_path: Path, engine: Engine, episodes, steps: int, lr: float, rank: int) -> TorchBackend:
@@ -134,10 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenario", type=Path, required=True)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--backend", choices=("auto", "torch", "mlx"), default="auto", help="the RL run's trainer")
+    parser.add_argument("--steps", type=int, help="override the settings' [learn] steps")
+    parser.add_argument("--lr", type=float, help="override the settings' [learn] lr")
+    parser.add_argument("--rank", type=int, help="override the settings' [learn] rank (alpha = 2 * rank)")
+    parser.add_argument("--backend", choices=("auto", "torch", "mlx"), help="the RL run's trainer")
+    parser.add_argument("--ratings-only", action="store_true", help="the user rates replies, never corrects")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the SFT and trainer-speed baselines")
+    parser.add_argument("--model", help="'tiny-qwen35moe' (built here) or a directory bench/tiny_tall.py built")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
     check = checker(scenario)
@@ -146,45 +185,66 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(tempfile.mkdtemp(prefix="macaron-learn-bench-"))
     settings = Settings.load(home)
     settings.ensure_dirs()
+    if args.model:  # Tall's architecture at toy size, registered as a local model of this home
+        import tiny_tall
+
+        built = Path(args.model) if Path(args.model).is_dir() else tiny_tall.build(home / "tiny-qwen35moe")
+        tiny_tall.register(settings, built)
+        settings = Settings.load(home)
+    config = learn_config(settings)  # what `macaron learn` and the daemon use
+    overrides = {"steps": args.steps, "lr": args.lr, "backend": args.backend}
+    if args.rank:
+        overrides |= {"rank": args.rank, "alpha": 2.0 * args.rank}
+    config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    config = dataclasses.replace(config, backend=choose_backend(config.backend))
+
     session = Session(settings, engine_config={"n_ctx": 2048})
-    for item in scenario["train"]:
-        session.new_conversation()
-        reply = session.send(item["prompt"], params=GREEDY).wait()
-        session.correct(reply.message_id, item["correction"])
+    seed_feedback(session, scenario, check, args.ratings_only)
     episodes = episodes_from_store(session.store)
+    routed = sorted({e.slot for e in episodes})
     engine, system = session.engine, session.system_prompt
+    serve = serve_params(session.catalog)
     base = BaseModelInfo.from_gguf(session.model_path)
 
-    before, _ = heldout_share(engine, [], system, scenario["heldout"], check)
-    regression_before = regression_score(engine, [], system)
+    before, _ = heldout_share(session, served_stack(session), system, scenario["heldout"], check)
+    regression_before = regression_score(engine, served_stack(session), system, serve)
 
-    # The real nightly run: train, export, parity, gate, register, deploy or reject.
+    # The real nightly run: plan, train, export, parity, gate, back off, register, deploy.
     learn_started = time.perf_counter()
-    config = LearnConfig(steps=args.steps, lr=args.lr, rank=args.rank, alpha=2.0 * args.rank, backend=args.backend)
-    [run] = learn_once(session.store, session.catalog, session.manifest, config)
+    reports = learn_once(session.store, session.catalog, session.manifest, config)
     learn_wall = time.perf_counter() - learn_started
-    deployed_version = session.store.deployed_adapter(run.slot, session.manifest.name)
-    served = [engine.load_adapter(deployed_version.path)] if deployed_version else []
-    after, _ = heldout_share(engine, served, system, scenario["heldout"], check)
-    regression_after = regression_score(engine, served, system)
+    session.close()
+    session = Session(settings, engine_config={"n_ctx": 2048})  # serves what was deployed, as the app would
+    engine = session.engine
+    after, _ = heldout_share(session, served_stack(session), system, scenario["heldout"], check)
+    regression_after = regression_score(engine, served_stack(session), system, serve)
     nll_delta = regression_after.passage_nll / regression_before.passage_nll - 1
 
-    memory = "\n\n".join(f"When asked: {t['prompt']}\nI wanted: {t['correction']}" for t in scenario["train"])
-    memory_prompt = f"{system}\n\nThe user corrected earlier replies like this; answer in the same way.\n\n{memory}"
-    memory_after, memory_ttft = heldout_share(engine, [], memory_prompt, scenario["heldout"], check)
-    _, plain_ttft = heldout_share(engine, [], system, scenario["heldout"][:3], check)
+    experts_only = session._experts.get  # noqa: SLF001  (prompt memory: the experts, no learned adapter)
 
-    sft = sft_baseline(session.model_path, engine, episodes, steps=24, lr=1e-3, rank=args.rank)
-    sft_adapter = engine.load_adapter(export_gguf(sft, base, home / "sft.gguf"))
-    sft_after, _ = heldout_share(engine, [sft_adapter], system, scenario["heldout"], check)
-    sft_regression = regression_score(engine, [sft_adapter], system)
-    speed = trainer_vs_reference(sft, engine, episodes)
+    def bare(slot: str) -> list:
+        return [h for h in (experts_only(slot),) if h is not None]
+
+    if args.ratings_only:  # the same signal, pasted: the replies the user liked and disliked
+        memory = "\n\n".join(
+            f"When asked: {e.messages[-1]['content']}\n"
+            + (f"I liked: {e.chosen}" if e.chosen else f"I disliked: {e.rejected}")
+            for e in episodes
+        )
+    else:
+        memory = "\n\n".join(f"When asked: {t['prompt']}\nI wanted: {t['correction']}" for t in scenario["train"])
+    told = "rated" if args.ratings_only else "corrected"
+    memory_prompt = f"{system}\n\nThe user {told} earlier replies like this; answer in the same way.\n\n{memory}"
+    memory_after, memory_ttft = heldout_share(session, bare, memory_prompt, scenario["heldout"], check)
+    _, plain_ttft = heldout_share(session, bare, system, scenario["heldout"][:3], check)
 
     report = {
         "scenario": scenario.get("name", args.scenario.stem),
         "model": session.manifest.name,
+        "feedback": "ratings" if args.ratings_only else "corrections",
         "train_examples": len(scenario["train"]),
         "heldout_prompts": len(scenario["heldout"]),
+        "routed_to": routed,
         "before": before,
         "after": after,
         "regression_nll_before": round(regression_before.passage_nll, 4),
@@ -193,28 +253,45 @@ def main(argv: list[str] | None = None) -> int:
         "regression_qa_before": regression_before.qa_right,
         "regression_qa_after": regression_after.qa_right,
         "regression_qa_total": regression_before.qa_total,
-        "deployed": run.decision == "deployed",
-        "decision_reason": run.reason,
-        "gate_metrics": run.metrics,
-        "wall_s": round(time.perf_counter() - started, 1),
+        "deployed": any(r.decision == "deployed" for r in reports),
+        "decision_reason": "; ".join(f"{r.slot}: {r.reason}" for r in reports) or "no feedback",
+        "slots": [
+            {
+                "slot": r.slot,
+                "decision": r.decision,
+                "reason": r.reason,
+                "version_id": r.version_id,
+                "candidates": r.metrics.get("candidates", []),
+                "metrics": {k: v for k, v in r.metrics.items() if k not in ("candidates", "losses")},
+            }
+            for r in reports
+        ],
+        "gate_metrics": reports[0].metrics if reports else {},
         "learn_wall_s": round(learn_wall, 1),
-        "trainer_tokens_per_s": run.metrics.get("trainer_tokens_per_s"),
+        "trainer_tokens_per_s": reports[0].metrics.get("trainer_tokens_per_s") if reports else None,
         "prompt_memory_after": memory_after,
         "prompt_memory_ttft_ms": round(memory_ttft, 1),
         "plain_ttft_ms": round(plain_ttft, 1),
-        "sft_after": sft_after,
-        "sft_regression_nll_delta": round(sft_regression.passage_nll / regression_before.passage_nll - 1, 4),
-        "sft_regression_qa_after": sft_regression.qa_right,
-        "trainer_vs_reference": round(speed["ratio"], 3),
-        "trainer_vs_reference_detail": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in speed.items()},
-        "config": {
-            "steps": args.steps,
-            "lr": args.lr,
-            "rank": args.rank,
-            "kl_beta": config.kl_beta,
-            "backend": choose_backend(args.backend),
-        },
     }
+    if not args.no_baselines and not args.ratings_only:
+        sft = sft_baseline(session.model_path, engine, episodes, steps=24, lr=1e-3, rank=config.rank)
+        sft_adapter = engine.load_adapter(export_gguf(sft, base, home / "sft.gguf"))
+
+        def with_sft(slot: str) -> list:
+            return [*bare(slot), sft_adapter]
+
+        sft_after, _ = heldout_share(session, with_sft, system, scenario["heldout"], check)
+        sft_regression = regression_score(engine, with_sft, system, serve)
+        speed = trainer_vs_reference(sft, engine, episodes)
+        report |= {
+            "sft_after": sft_after,
+            "sft_regression_nll_delta": round(sft_regression.passage_nll / regression_before.passage_nll - 1, 4),
+            "sft_regression_qa_after": sft_regression.qa_right,
+            "trainer_vs_reference": round(speed["ratio"], 3),
+            "trainer_vs_reference_detail": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in speed.items()},
+        }
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    report["config"] = dataclasses.asdict(config)
     session.close()
     return emit(report, args.json)
 

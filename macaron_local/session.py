@@ -26,6 +26,7 @@ from macaron_local.engine.template import Message
 from macaron_local.errors import AdapterError, InvalidInputError, MacaronError, ModelError
 from macaron_local.fit import adapter_ram_budget
 from macaron_local.learn.episodes import latest_corrections
+from macaron_local.learn.personal import PERSONAL_SLOT, SERVED_SLOTS, personal_for
 from macaron_local.learning_setup import LearningSetup, Readiness
 from macaron_local.router import Route, route
 from macaron_local.settings import Settings, write_private_atomic
@@ -173,7 +174,7 @@ class Session:
                         raise ModelError(f"expert {slot} adapter {adapter_path} is missing; run `{pull}`")
                     self._experts[slot] = engine.load_adapter(adapter_path)
                     self._labels[self._experts[slot].key] = adapter_path.name
-            for slot in SLOTS:  # the user's own deployed versions, stacked on the experts
+            for slot in SERVED_SLOTS:  # the user's own deployed versions, stacked on the experts
                 version = self.store.deployed_adapter(slot, self.manifest.name)
                 if version is not None:
                     try:
@@ -232,7 +233,7 @@ class Session:
 
     def adapters_for(self, slot: str) -> list[AdapterHandle]:
         """The active set for a turn routed to `slot`: the expert, then the personal adapter."""
-        return [h for h in (self._experts.get(slot), self._personal.get(slot)) if h is not None]
+        return [h for h in (self._experts.get(slot), personal_for(slot, self._personal)) if h is not None]
 
     # ----------------------------------------------------------------- conversations
     @property
@@ -495,7 +496,7 @@ class Session:
 
     def deployed_versions(self) -> dict[str, AdapterVersion]:
         """Each slot's deployed personal adapter version for this model."""
-        found = {slot: self.store.deployed_adapter(slot, self.manifest.name) for slot in SLOTS}
+        found = {slot: self.store.deployed_adapter(slot, self.manifest.name) for slot in SERVED_SLOTS}
         return {slot: version for slot, version in found.items() if version is not None}
 
     def rollback(self, slot: str) -> AdapterVersion | None:
@@ -563,13 +564,15 @@ class Session:
         deployed = self.deployed_versions()
         return [
             (slot, deployed.get(slot))
-            for slot in SLOTS
+            for slot in SERVED_SLOTS
             if (deployed[slot].id if slot in deployed else None) != self._served.get(slot)
         ]
 
     def _describe_change(self, slot: str, version: AdapterVersion | None) -> str:
         expert = self.manifest.experts.get(slot)
         name = f"{slot} {expert.name if expert else SLOTS.get(slot, '')}".strip()
+        if slot == PERSONAL_SLOT:
+            name = "Your personal adapter (every expert)"
         previous = self._served.get(slot)
         if version is None:
             return f"{name}: learned version {previous} rolled back; the expert answers as shipped"

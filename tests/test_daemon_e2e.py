@@ -47,16 +47,16 @@ def test_daemon_run_deploys_and_an_open_session_uses_it_at_its_next_turn(home, t
 
         done = run_cli("daemon", "run", "--now", home=os.environ["MACARON_HOME"], timeout=600)
         assert done.returncode == 0, done.stderr + done.stdout
-        version = session.store.deployed_adapter("L0", "tiny")
+        version = session.store.deployed_adapter("personal", "tiny")
         assert version is not None, done.stdout
-        assert f"L0: deployed as {version.id}" in done.stdout
+        assert f"personal: deployed as {version.id}" in done.stdout
         assert noticed.wait(10), "the watchdog did not see the deployment"
 
         session.new_conversation()
         after = session.send("ab", params=PARAMS).wait()
         label = f"personal {version.id}"
         assert after.adapters == (label,)
-        assert after.notices == ("L0 Chat updated: learned from 8 corrections",)
+        assert after.notices == ("Your personal adapter (every expert) updated: learned from 8 corrections",)
         [turn] = session.store.get_conversation(after.conversation_id).turns
         assert turn.adapters == [label]
         assert after.text != before.text  # the adapter really is in the forward pass
@@ -67,7 +67,7 @@ def test_daemon_run_deploys_and_an_open_session_uses_it_at_its_next_turn(home, t
     [run] = history.read_history(home)
     assert run.outcome == "learned" and run.forced
     assert run.slots == [
-        {"slot": "L0", "decision": "deployed", "version_id": version.id, "reason": run.slots[0]["reason"]}
+        {"slot": "personal", "decision": "deployed", "version_id": version.id, "reason": run.slots[0]["reason"]}
     ]
     status = run_cli("daemon", "status", home=os.environ["MACARON_HOME"])
-    assert f"L0 deployed {version.id}" in status.stdout and "learned: L0 deployed" in status.stdout
+    assert f"personal deployed {version.id}" in status.stdout and "learned: personal deployed" in status.stdout

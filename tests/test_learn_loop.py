@@ -55,7 +55,7 @@ def test_train_moves_toward_corrections_and_cleans_up(tiny, tmp_path):
     assert pairs[0][1][-1] != pairs[0][1][0]
 
 
-def test_train_refuses_episodes_without_a_chosen_reply(tiny, tmp_path):
+def test_train_refuses_episodes_without_a_verdict(tiny, tmp_path):
     backend = TorchBackend(threads=2)
     backend.load(tiny.path)
     backend.add_lora(rank=2)
@@ -64,7 +64,33 @@ def test_train_refuses_episodes_without_a_chosen_reply(tiny, tmp_path):
             backend,
             engine,
             BaseModelInfo.from_gguf(tiny.path),
-            [Episode([{"role": "user", "content": "x"}], None, "y")],
+            [Episode([{"role": "user", "content": "x"}], None, None)],
             LearnConfig(steps=1),
             tmp_path,
         )
+
+
+def test_down_votes_alone_push_away_from_the_disliked_reply(tiny, tmp_path):
+    """Ratings with no correction still teach: the disliked reply joins its group as the worst
+    member, so its probability falls (and a liked one's rises), KTO-like, with no pair."""
+    disliked = [Episode([{"role": "user", "content": w}], None, "ab ab ab") for w in ("cd", "ef", "gh")]
+    liked = [Episode([{"role": "user", "content": "ij"}], "ba", None)]
+    backend = TorchBackend(lr=2e-2, threads=2)
+    backend.load(tiny.path)
+    backend.add_lora(rank=4, alpha=8.0)
+    base = BaseModelInfo.from_gguf(tiny.path)
+    with Engine(EngineConfig(model_path=tiny.path, n_ctx=256, n_threads=2)) as engine:
+        pairs = [completion_tokens(engine, e.messages, e.rejected or e.chosen) for e in [*disliked, *liked]]
+        batch = make_batch([p for p, _ in pairs], [c for _, c in pairs])
+        mask = np.asarray(batch.mask) > 0
+        rows = np.arange(len(pairs))[:, None] * np.ones_like(mask)
+
+        def logprob(which) -> float:
+            values = backend.logprobs(batch).detach().numpy()
+            return float(values[mask & which(rows)].sum())
+
+        down_before, up_before = logprob(lambda r: r < 3), logprob(lambda r: r == 3)
+        config = LearnConfig(steps=8, episodes_per_step=2, group_size=2, max_new_tokens=6, refresh_every=4, lr=2e-2)
+        train(backend, engine, base, [*disliked, *liked], config, tmp_path)
+        assert logprob(lambda r: r < 3) < down_before - 1.0
+        assert logprob(lambda r: r == 3) > up_before

@@ -46,7 +46,7 @@ def test_gibberish_corrections_are_rejected_and_nothing_is_deployed(home):
         [report] = learn_once(store, catalog, manifest, LearnConfig(steps=24, max_new_tokens=24))
         assert report.decision == "rejected", report.reason
         assert "passage NLL rose" in report.reason or "factual answers dropped" in report.reason
-        assert store.deployed_adapter("L0", manifest.name) is None
+        assert store.deployed_adapter("personal", manifest.name) is None
         assert store.adapter_version(report.version_id).status == "rejected"
         [run] = store.learning_runs()
         assert run.decision == "rejected" and run.metrics["regression_nll_delta"] > 0

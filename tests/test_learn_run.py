@@ -40,7 +40,7 @@ def test_a_run_is_gated_registered_and_recorded(home, tiny_model, backend):
             steps=2, episodes_per_step=2, group_size=2, max_new_tokens=4, refresh_every=1, backend=backend
         )
         [report] = learn_once(store, catalog, manifest, config)
-        assert report.slot == "L0" and report.decision in ("deployed", "rejected") and report.reason
+        assert report.slot == "personal" and report.decision in ("deployed", "rejected") and report.reason
         assert report.metrics["train_episodes"] == 6 and report.metrics["heldout_episodes"] == 2
         # A float32 base: both sides agree to float32 rounding (MLX fuses norm and rope differently).
         assert report.metrics["parity_max_abs_diff"] <= 5e-3
@@ -48,7 +48,7 @@ def test_a_run_is_gated_registered_and_recorded(home, tiny_model, backend):
         assert run.decision == report.decision and run.adapter_version == report.version_id
         assert sorted(run.feedback_ids) == list(range(1, 9))
         version = store.adapter_version(report.version_id)
-        deployed = store.deployed_adapter("L0", "tiny")
+        deployed = store.deployed_adapter("personal", "tiny")
         if report.decision == "deployed":
             assert version.status == "deployed" and deployed.id == version.id
         else:
@@ -88,7 +88,7 @@ def test_macaron_learn_shows_progress_and_the_decision(tmp_path, tiny_model):
     assert done.returncode == 0, done.stderr
     progress = [line for line in done.stderr.splitlines() if line.startswith("learning (torch)")]
     assert [line.split()[3] for line in progress] == ["1/2", "2/2"]  # one line per step when piped
-    [decision] = [line for line in done.stdout.splitlines() if line.startswith("L0: ")]
+    [decision] = [line for line in done.stdout.splitlines() if line.startswith("personal: ")]
     assert decision.split()[1].rstrip(":") in ("deployed", "rejected") and " as " in decision
     with open_default_store(Settings.load(home)) as store:
         assert len(store.learning_runs()) == 1 and not any((home / "data").rglob("run-*"))

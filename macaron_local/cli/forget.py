@@ -1,8 +1,10 @@
-"""`macaron forget CONVERSATION`: delete a conversation and mark what learned from it.
+"""`macaron forget CONVERSATION`: delete a conversation and everything that learned from it.
 
-Deleting the rows is not enough once a nightly run has trained on them: the adapter still
-carries what it learned. So this reports the learning runs and adapter versions now marked
-tainted, for the learner to retrain without them.
+Deleting the rows is not enough once a nightly run has trained on them: the adapter carries
+what it learned. So every version that learned from it (and every version grown from one)
+stops serving at once (each deployment rolls back to its newest untainted ancestor, or to the
+bare expert), their adapter files are deleted, their runs are marked tainted (the registry
+says why), and the next learning run retrains on the rest of the feedback without it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from macaron_local.store import open_default_store
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("forget", help="delete a conversation and taint what learned from it")
+    parser = commands.add_parser("forget", help="delete a conversation and every learned version that knew it")
     parser.add_argument("conversation", help="the conversation's full id (see `macaron logs list`)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=run)
@@ -25,14 +27,11 @@ def run(args: argparse.Namespace) -> int:
     with open_default_store(load_settings()) as store:
         result = store.forget(args.conversation)
     if args.json:
-        print_json(vars(result))
+        print_json({**vars(result), "summary": result.summary()})
         return 0
-    counts = f"{result.messages} messages, {result.feedback} feedback entries"
-    print(f"forgot conversation {result.conversation_id}: {counts}")
-    if not result.tainted_runs:
-        print("no learning run had learned from it")
-        return 0
-    print(f"marked {len(result.tainted_runs)} learning run(s) tainted: {', '.join(result.tainted_runs)}")
+    print(result.summary())
+    if result.tainted_runs:  # the details, for the curious: which runs and versions
+        print(f"tainted learning runs: {', '.join(result.tainted_runs)}")
     if result.adapter_versions:
-        print(f"adapter versions to retrain or drop: {', '.join(result.adapter_versions)}")
+        print(f"removed versions: {', '.join(result.adapter_versions)}")
     return 0

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from macaron_local.daemon import locks, probes
 from macaron_local.daemon.config import DaemonConfig
+from macaron_local.learn.memory_plan import MemoryPlan, machine_memory_plan
 from macaron_local.settings import Settings
 from macaron_local.store import Store
 
@@ -26,6 +27,8 @@ class Probes:
     user_idle_s: Callable[[], float | None] = probes.user_idle_seconds
     load_per_core: Callable[[int], float | None] = probes.load_per_core
     generating: Callable[[Settings], bool] = locks.chat_generating
+    #: The night's memory plan on this machine (None: not needed for this model, or unknown).
+    memory_plan: Callable[[Settings], MemoryPlan | None] = machine_memory_plan
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ def check(
         checks.append(Check("chat", False, "a chat reply is being generated"))
     else:
         checks.append(Check("chat", True, "no chat reply being generated"))
+
+    plan = probe.memory_plan(settings)
+    if plan is not None:  # an open chat app is never killed: the run waits, or runs the smaller plan
+        checks.append(Check("memory", plan.can_run, f"memory plan {plan.mode}: {plan.reason}"))
 
     pending = new_feedback(store)
     if pending == 0:

@@ -441,7 +441,9 @@ class Engine:
             raise MacaronError(f"{len(tokens)} tokens do not fit the context ({self.config.n_ctx})")
         llm = self.llm
         start = min(self._common_prefix(tokens), first_output)
-        llm._ctx.kv_cache_seq_rm(-1, start, -1)
+        if not llm._ctx.kv_cache_seq_rm(-1, start, -1):  # recurrent state (qwen35moe) cannot be cut back
+            llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+            start = 0
         llm.n_tokens = start
         out = np.empty((len(tokens) - first_output, self._n_vocab), dtype=np.float32)
         batch = llm._batch.batch

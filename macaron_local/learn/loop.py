@@ -50,6 +50,17 @@ class LearnConfig:
     refresh_every: int = 6
     seed: int = 0
     backend: str = "auto"  # auto | torch | mlx
+    # A night's size (learn.plan): about `visits_per_episode` visits to each episode trained,
+    # within [min_steps, steps]; `replay_ratio` older episodes per new one; the gate reads at
+    # most `max_old_heldout` of earlier nights' held-out episodes.
+    min_steps: int = 8
+    visits_per_episode: float = 6.0
+    replay_ratio: float = 1.0
+    max_old_heldout: int = 8
+    # Start from the deployed personal version's weights (same rank and alpha), not from zero.
+    warm_start: bool = True
+    # When the gate rejects, the seconds the run may spend on cheaper alternatives (learn.backoff).
+    backoff_s: float = 300.0
 
 
 @dataclass
@@ -65,8 +76,17 @@ class StepLog:
 
 
 @dataclass
+class Checkpoint:
+    """The LoRA after `step` steps: a candidate the gate may fall back to."""
+
+    step: int
+    weights: dict[str, np.ndarray]
+
+
+@dataclass
 class TrainResult:
     steps: list[StepLog] = field(default_factory=list)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
     trainer_tokens: int = 0
     trainer_seconds: float = 0.0
     rollout_seconds: float = 0.0
@@ -140,19 +160,39 @@ def train(
     frozen: Sequence[AdapterHandle] = (),
     on_step: Callable[[StepLog], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    steps: int | None = None,
+    underneath: Callable[[str], Sequence[AdapterHandle]] | None = None,
+    group_of: Callable[[Episode], str] = lambda e: "",
+    checkpoint_every: int = 0,
 ) -> TrainResult:
-    """Train the backend's LoRA on `episodes`; the engine samples under `frozen` (the expert)
-    plus the current rollout adapter."""
+    """Train the backend's LoRA on `episodes` for `steps` (default `config.steps`); the engine
+    samples under `frozen` (the expert) plus the current rollout adapter.
+
+    Episodes answered by different experts (`group_of`) are trained each with its own expert
+    underneath: a step draws its episodes from one group, and `underneath(group)` makes the
+    backend and the engine carry that group's expert (returning the engine's frozen set).
+    Every `checkpoint_every` steps the LoRA weights are kept as a fallback candidate.
+    A correction or up-vote pulls toward its chosen reply; a down-vote or regenerate with no
+    correction joins its group as the worst member, so the policy is pushed away from it."""
     rng = random.Random(config.seed)
-    usable = [e for e in episodes if e.chosen]
+    usable = [e for e in episodes if e.chosen or e.rejected]
     if not usable:
-        raise ValueError("learning needs at least one episode with a chosen reply (a correction or an up-vote)")
+        raise ValueError("learning needs at least one episode with a chosen or a rejected reply")
+    groups: dict[str, list[Episode]] = {}
+    for episode in usable:
+        groups.setdefault(group_of(episode), []).append(episode)
+    names = sorted(groups)
+    total = steps if steps is not None else config.steps
     result = TrainResult()
     rollout: AdapterHandle | None = None
-    for step in range(config.steps):
+    for step in range(total):
         if should_stop():
             break
         started = time.perf_counter()
+        weights = [len(groups[n]) for n in names]  # each group in proportion to its size
+        expert_group = rng.choices(names, weights=weights)[0] if len(names) > 1 else names[0]
+        if underneath is not None:
+            frozen = list(underneath(expert_group))
         if step and step % config.refresh_every == 0:
             path = export_gguf(backend, base, workdir / f"rollout-{step}.gguf")
             engine.set_adapters(list(frozen))
@@ -162,9 +202,10 @@ def train(
         engine.set_adapters([*frozen, *([rollout] if rollout else [])])
 
         prompts, completions, sampler, rewards, is_correction = [], [], [], [], []
-        for episode in (rng.choice(usable) for _ in range(config.episodes_per_step)):
-            prompt, chosen = completion_tokens(engine, episode.messages, episode.chosen or "")
-            group = []
+        for episode in (rng.choice(groups[expert_group]) for _ in range(config.episodes_per_step)):
+            target = episode.chosen if episode.chosen else episode.rejected
+            prompt, chosen = completion_tokens(engine, episode.messages, target or "")
+            members = []
             for g in range(config.group_size):
                 params = GenerationParams(
                     max_tokens=config.max_new_tokens,
@@ -173,13 +214,13 @@ def train(
                 )
                 done = engine.generate(prompt, params)
                 tokens = done.tokens + ([done.stop_token] if done.stop_token is not None else [])
-                group.append((tokens, done.text))
-            group.append((chosen, episode.chosen or ""))
+                members.append((tokens, done.text))
+            group = [*members, (chosen, target or "")]
             for tokens, text in group:
                 prompts.append(prompt)
                 completions.append(tokens)
                 sampler.append(engine.token_logprobs(prompt, tokens).tolist())
-                is_correction.append(text == episode.chosen and tokens is chosen)
+                is_correction.append(bool(episode.chosen) and text == episode.chosen and tokens is chosen)
             rewards.append([reward(text, episode) for _, text in group])
         result.rollout_seconds += time.perf_counter() - started
 
@@ -200,6 +241,8 @@ def train(
             seconds=time.perf_counter() - started,
         )
         result.steps.append(log)
+        if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < total:
+            result.checkpoints.append(Checkpoint(step + 1, backend.lora_weights()))
         if on_step is not None:
             on_step(log)
     engine.set_adapters(list(frozen))

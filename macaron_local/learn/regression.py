@@ -9,7 +9,8 @@ through the engine, on the quantized model and adapters the user would actually 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -47,16 +48,32 @@ def answer_is_right(answer: str, terms: list[str]) -> bool:
     return any(term.lower() in lowered for term in terms)
 
 
-def score(engine: Engine, adapters: list[AdapterHandle], system_prompt: str = "") -> RegressionScore:
-    """Score the engine under `adapters` (the adapter set is left active)."""
+def score(
+    engine: Engine,
+    adapters: list[AdapterHandle] | Callable[[str], list[AdapterHandle]],
+    system_prompt: str = "",
+    params: GenerationParams | None = None,
+) -> RegressionScore:
+    """Score the engine under `adapters` (the adapter set is left active).
+
+    Served the way the chat serves a turn: the question after the chat's system prompt, in the
+    chat template, answered with the chat's sampling (`params`, greedy by default). `adapters`
+    may be a function of the expert slot: each question then gets the stack of the expert the
+    router sends it to, as a chat turn would (the passages, plain text, use L0's).
+    """
+    from macaron_local.router import route
+
     data = load_regression_set()
-    engine.set_adapters(adapters)
+    stack = adapters if callable(adapters) else (lambda slot: adapters)
+    params = replace(params or GenerationParams(), max_tokens=ANSWER_TOKENS)
+    engine.set_adapters(stack("L0"))
     nll = passage_nll(engine, data["passages"])
     right = 0
     for item in data["questions"]:
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
             {"role": "user", "content": item["question"]}
         ]
-        reply = engine.generate(engine.render_tokens(messages), GenerationParams(max_tokens=ANSWER_TOKENS)).text
+        engine.set_adapters(stack(route(item["question"]).slot))
+        reply = engine.generate(engine.render_tokens(messages), params).text
         right += answer_is_right(reply, item["answer_terms"])
     return RegressionScore(nll, right, len(data["questions"]))

@@ -1,42 +1,54 @@
-"""One learning run, per expert slot: train -> export -> parity -> gate -> register -> deploy or reject.
+"""One night of learning: plan -> train -> export -> parity -> gate -> back off -> register -> deploy.
 
-The gate compares the candidate with the version deployed now (or the bare expert) on:
-- held-out feedback: conversations kept out of training; greedy replies through the engine are
-  scored by how much closer they are to the user's chosen reply than to the rejected one;
-- the regression set: passage NLL may not rise by more than 2% relative, and no fewer factual
-  questions may be answered right.
-Only a candidate that wins on held-out feedback, passes both regression checks and passes the
-parity check is deployed. Every run is recorded, with its data, losses, evaluations, decision,
-reason and wall time, in the store and (for its adapter) in the registry.
+The user has one personal adapter (`learn.personal`), shared by every expert: it is trained on
+all of the user's feedback, each episode with the expert that answered it underneath, and it
+starts from the deployed version (`learn.warm`). `learn.plan` decides what the night learns
+(new feedback + a bounded replay of older episodes) and what the gate judges on (this night's
+held-out conversations, and a bounded window of earlier nights'); `learn.gate` judges a
+candidate the way the user is served.
+
+When the gate rejects the trained candidate the run backs off instead of giving up, cheapest
+first, within `config.backoff_s` seconds: the run's own earlier checkpoints (newest first),
+the final update at half strength (a smaller step along the same direction), then one retrain
+at half the learning rate with four times the KL anchor. The best candidate that passes every
+check (highest held-out reward) is deployed. Every candidate tried is registered (rejected
+ones as `rejected`) with its evaluations, and listed in the run's record with its reasons.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
 
 from macaron_local.adapters.validate import BaseModelInfo
-from macaron_local.catalog import Catalog, Manifest
+from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Engine, EngineConfig, GenerationParams
+from macaron_local.learn import gate
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
 from macaron_local.learn.export import export_gguf, parity_check
 from macaron_local.learn.loop import LearnConfig, StepLog, completion_tokens, train
-from macaron_local.learn.regression import score as regression_score
-from macaron_local.learn.rewards import preference_reward
+from macaron_local.learn.personal import PERSONAL_SLOT
+from macaron_local.learn.plan import NightPlan, plan_night
+from macaron_local.learn.stacking import expert_trainer_source, stacked_source
+from macaron_local.learn.warm import warm_start
 from macaron_local.learn.workdir import run_workdir
 from macaron_local.store import Store
 
-MAX_NLL_INCREASE = 0.02
+MAX_NLL_INCREASE = gate.MAX_NLL_INCREASE
 #: The adapter's effect may differ by this much (nats, any token) between llama.cpp's quantized
 #: base and the trainer's dequantized copy. Measured: 0.41 on the embedded Q4_1 model after the
 #: tldr scenario, where the adapter moves the first token by many nats; float32 bases agree to
 #: about 1e-6. A broken export (wrong rows, a missing pair) differs by the whole effect.
 PARITY_TOLERANCE = 1.0
-GATE_REPLY = GenerationParams(max_tokens=64, temperature=0.0, repeat_penalty=1.1)
+GATE_REPLY = gate.GATE_REPLY
+HALF = 0.5
 
 
 @dataclass
@@ -49,6 +61,35 @@ class SlotReport:
     metrics: dict = field(default_factory=dict)
 
 
+@dataclass
+class Candidate:
+    """One adapter the gate may deploy: LoRA weights and how they were obtained."""
+
+    name: str
+    step: int
+    lr: float
+    kl_beta: float
+    weights: dict[str, np.ndarray]
+    scale: float = 1.0
+    passed: bool = False
+    reasons: list[str] = field(default_factory=list)
+    figures: dict = field(default_factory=dict)
+    file: Path | None = None
+    version_id: str | None = None
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name,
+            "step": self.step,
+            "lr": self.lr,
+            "kl_beta": self.kl_beta,
+            "scale": self.scale,
+            "passed": self.passed,
+            "reasons": self.reasons,
+            **self.figures,
+        }
+
+
 def split_by_conversation(episodes: list[Episode], share: float = 0.25, seed: int = 0) -> tuple[list, list]:
     """Hold out whole conversations (never a reply whose siblings were trained on)."""
     conversations = sorted({e.conversation_id for e in episodes})
@@ -58,37 +99,81 @@ def split_by_conversation(episodes: list[Episode], share: float = 0.25, seed: in
     return [e for e in episodes if e.conversation_id not in held], [e for e in episodes if e.conversation_id in held]
 
 
-def heldout_reward(engine: Engine, adapters: list[AdapterHandle], episodes: list[Episode]) -> float:
-    engine.set_adapters(adapters)
-    rewards = []
-    for episode in episodes:
-        reply = engine.generate(engine.render_tokens(episode.messages), GATE_REPLY).text
-        rewards.append(preference_reward(reply, episode.chosen, episode.rejected))
-    return statistics.fmean(rewards) if rewards else 0.0
+def serve_params(catalog: Catalog) -> GenerationParams:
+    """The chat's sampling settings (greedy by default), for judging answers as served."""
+    settings = catalog.settings
+    return GenerationParams(
+        temperature=float(settings.get("temperature")), repeat_penalty=float(settings.get("repeat_penalty"))
+    )
 
 
-def learn_slot(
+class Experts:
+    """The shipped experts, in the engine and (one at a time) folded into the trainer's base."""
+
+    def __init__(self, engine: Engine, catalog: Catalog, manifest: Manifest, base: BaseModelInfo) -> None:
+        self.paths = {slot: catalog.expert_path(manifest, slot) for slot in SLOTS}
+        self.handles = {slot: engine.load_adapter(p) for slot, p in self.paths.items() if p is not None}
+        self.base = base
+        self.sources = {str(p): expert_trainer_source(catalog, manifest, s) for s, p in self.paths.items() if p}
+        self._deltas: dict[str, dict[str, np.ndarray]] = {}
+        self._folded = ""  # the expert file folded into the backend now ("" = none)
+        self.backend = None
+
+    def group(self, episode: Episode) -> str:
+        """Episodes with the same expert underneath train together ("" = the bare base)."""
+        return str(self.paths.get(episode.slot) or "")
+
+    def stack(self, personal: AdapterHandle | None) -> gate.Stack:
+        return lambda slot: [h for h in (self.handles.get(slot), personal) if h is not None]
+
+    def underneath(self, group: str) -> list[AdapterHandle]:
+        """Fold `group`'s expert into the backend (unfolding the previous one); the engine's set."""
+        if group != self._folded and getattr(self.backend, "stacks_experts", False):  # Tall: stacked
+            self.backend.stack_expert(stacked_source(self.sources, group))
+            self._folded = group
+        if group != self._folded and self.backend is not None:
+            names = self.backend.linear_weight_names()
+            if self._folded:
+                self.backend.fold_in({k: -v for k, v in self._delta(self._folded, names).items()})
+            if group:
+                self.backend.fold_in(self._delta(group, names))
+            self._folded = group
+        return [h for slot, h in self.handles.items() if str(self.paths[slot]) == group][:1]
+
+    def _delta(self, path: str, names: list[str]) -> dict[str, np.ndarray]:
+        if path not in self._deltas:
+            self._deltas[path] = frozen_deltas(Path(path), self.base, names)
+        return self._deltas[path]
+
+
+def _set_weights(backend, weights: dict[str, np.ndarray], scale: float = 1.0) -> None:
+    for name, values in weights.items():
+        backend.set_lora_weight(name, values * scale if name.endswith("lora_B") else values)
+
+
+def learn_personal(
     store: Store,
     catalog: Catalog,
     manifest: Manifest,
-    slot: str,
     episodes: list[Episode],
     config: LearnConfig,
     on_step: Callable[[StepLog], None] | None = None,
     backend_factory: Callable[[float], object] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    system_prompt: str | None = None,
 ) -> SlotReport:
-    """Train, export, check and gate one slot. `should_stop` is polled between training steps
-    (the daemon stops when a chat starts or the machine goes on battery): an interrupted run is
-    recorded as such, and nothing half-trained is judged or kept."""
+    """Plan, train, gate (backing off if need be) and deploy the user's personal adapter."""
     started = time.perf_counter()
-    train_set, held_out = split_by_conversation(episodes, seed=config.seed)
-    if not held_out or not any(e.chosen for e in train_set):
-        return SlotReport(slot, "skipped", f"{len(episodes)} episode(s) are too few to train and hold some out")
+    slot = PERSONAL_SLOT
+    plan = plan_night(episodes, store.learning_runs(), config)
+    if plan.skipped:
+        return SlotReport(slot, "skipped", plan.skipped)
+    if system_prompt is None:
+        system_prompt = str(catalog.settings.get("system_prompt") or "")
+    serve = serve_params(catalog)
     base_path = catalog.base_path(manifest)
     base = BaseModelInfo.from_gguf(base_path)
     deployed = store.deployed_adapter(slot, manifest.name)
-    feedback_ids = sorted({i for e in episodes for i in e.feedback_ids})
     if backend_factory is None:
         from macaron_local.learn.backends import make_backend
 
@@ -99,90 +184,160 @@ def learn_slot(
         run_workdir(store.db_path.parent / "learn-work") as workdir,
         Engine(EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset")) as engine,
     ):
-        expert_path = catalog.expert_path(manifest, slot)
-        frozen = [engine.load_adapter(expert_path)] if expert_path else []
-        current = [*frozen, engine.load_adapter(deployed.path)] if deployed else list(frozen)
-
+        experts = Experts(engine, catalog, manifest, base)
         backend = backend_factory(config.lr)
         backend.load(base_path, checkpoint=catalog.trainer_checkpoint(manifest))
-        if expert_path:  # train on top of the frozen expert, exactly as the two are served stacked
-            backend.fold_in(frozen_deltas(expert_path, base, backend.linear_weight_names()))
         backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
+        experts.backend = backend
+        start_note = "started from zero"
+        if deployed is not None and config.warm_start:
+            start_note = warm_start(backend, Path(deployed.path), base, config.rank, config.alpha)
+        initial = backend.lora_weights()
         result = train(
-            backend, engine, base, train_set, config, workdir, frozen=frozen, on_step=on_step, should_stop=should_stop
+            backend,
+            engine,
+            base,
+            plan.train,
+            config,
+            workdir,
+            on_step=on_step,
+            should_stop=should_stop,
+            steps=plan.steps,
+            underneath=experts.underneath,
+            group_of=experts.group,
+            checkpoint_every=config.refresh_every,
         )
-        if len(result.steps) < config.steps:
-            reason = (
-                f"interrupted after {len(result.steps)} of {config.steps} steps; its feedback waits for the next run"
-            )
+        if len(result.steps) < plan.steps:
+            reason = f"interrupted after {len(result.steps)} of {plan.steps} steps; its feedback waits for the next run"
             run_id = store.record_learning_run(
                 slot=slot,
                 status="interrupted",
                 feedback_ids=[],  # not consumed: the next run still counts it as new
                 decision="skipped",
                 reason=reason,
-                metrics={"steps": len(result.steps), "pending_feedback_ids": feedback_ids},
+                metrics={"steps": len(result.steps), "pending_feedback_ids": plan.feedback_ids},
             )
             return SlotReport(slot, "skipped", reason, None, run_id, {"steps": len(result.steps)})
-        candidate_file = export_gguf(backend, base, workdir / "candidate.gguf", task_name=f"{slot} personal")
+        train_wall = time.perf_counter() - started
+        experts.underneath("")  # parity compares the adapter alone, on the bare base, both sides
+        samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+        current_handle = engine.load_adapter(deployed.path) if deployed else None
+        judging = started_judging = time.perf_counter()
+        reference = gate.score(engine, experts.stack(None), [], [], system_prompt, serve).regression
+        current = gate.score(
+            engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False
+        )
 
-        samples = [completion_tokens(engine, e.messages, e.chosen) for e in held_out if e.chosen][:4]
-        engine.set_adapters(frozen)
-        parity = parity_check(engine, candidate_file, backend, samples, PARITY_TOLERANCE)
-        candidate = [*frozen, engine.load_adapter(candidate_file)]
-        reward_before = heldout_reward(engine, current, held_out)
-        reward_after = heldout_reward(engine, candidate, held_out)
-        regression_before = regression_score(engine, current)
-        regression_after = regression_score(engine, candidate)
-        nll_delta = regression_after.passage_nll / regression_before.passage_nll - 1
+        def judge(candidate: Candidate) -> Candidate:
+            _set_weights(backend, candidate.weights, candidate.scale)
+            candidate.file = export_gguf(
+                backend, base, workdir / f"candidate-{candidate.name}.gguf", task_name="personal"
+            )
+            parity = parity_check(engine, candidate.file, backend, samples, PARITY_TOLERANCE)
+            handle = engine.load_adapter(candidate.file)
+            scores = gate.score(engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve)
+            reasons, figures = gate.verdict(scores, current, reference)
+            if not parity.ok:
+                reasons.insert(0, parity.summary())
+            figures["parity_max_abs_diff"] = round(parity.max_abs_diff, 5)
+            figures["parity_mean_abs_diff"] = round(parity.mean_abs_diff, 5)
+            candidate.reasons, candidate.figures, candidate.passed = reasons, figures, not reasons
+            engine.set_adapters([])
+            engine.unload_adapter(handle)
+            return candidate
+
+        final = Candidate("final", len(result.steps), config.lr, config.kl_beta, backend.lora_weights())
+        tried = [judge(final)]
+        judge_s = time.perf_counter() - judging
+        budget_end = time.perf_counter() + config.backoff_s
+        if not final.passed:
+            fallbacks = [
+                Candidate(f"step-{c.step}", c.step, config.lr, config.kl_beta, c.weights)
+                for c in reversed(result.checkpoints)
+            ]
+            fallbacks.append(Candidate("final-half", final.step, config.lr, config.kl_beta, final.weights, HALF))
+            for candidate in fallbacks:
+                if time.perf_counter() + judge_s > budget_end:
+                    break
+                tried.append(judge(candidate))
+            if not any(c.passed for c in tried) and time.perf_counter() + train_wall + judge_s <= budget_end:
+                tried.append(judge(_retrain(backend, engine, base, plan, config, workdir, experts, initial)))
+        best = max((c for c in tried if c.passed), key=lambda c: c.figures["heldout_reward_after"], default=None)
+        chosen = best or final
+        decision = "deployed" if best else "rejected"
+        if best:
+            f = best.figures
+            reason = (
+                f"{best.name}: held-out feedback {f['heldout_reward_before']:.3f} -> {f['heldout_reward_after']:.3f}, "
+                f"passage NLL {f['regression_nll_delta']:+.1%} vs the bare experts, "
+                f"factual answers {f['regression_qa_reference']} -> {f['regression_qa_after']}"
+            )
+        else:
+            reason = "; ".join(final.reasons)
+            if len(tried) > 1:
+                reason += f" (and {len(tried) - 1} fallback candidate(s) failed too)"
         metrics = {
-            "train_episodes": len(train_set),
-            "heldout_episodes": len(held_out),
+            "train_episodes": len(plan.train),
+            "new_episodes": len(plan.new_train),
+            "replay_episodes": len(plan.replay),
+            "heldout_episodes": len(plan.held_new),
+            "heldout_conversations": plan.new_heldout_conversations,
+            "night": plan.night,
+            "start": start_note,
             "steps": len(result.steps),
             "losses": [round(s.loss, 4) for s in result.steps],
             "final_kl": round(result.steps[-1].kl, 4) if result.steps else None,
-            "heldout_reward_before": round(reward_before, 4),
-            "heldout_reward_after": round(reward_after, 4),
-            "regression_nll_delta": round(nll_delta, 4),
-            "regression_qa_before": regression_before.qa_right,
-            "regression_qa_after": regression_after.qa_right,
-            "parity_max_abs_diff": round(parity.max_abs_diff, 5),
-            "parity_mean_abs_diff": round(parity.mean_abs_diff, 5),
             "trainer_tokens_per_s": round(result.trainer_tokens_per_s, 1),
+            "train_s": round(train_wall, 1),
+            "judge_s": round(time.perf_counter() - started_judging, 1),
+            "chosen": chosen.name,
+            **chosen.figures,
+            "candidates": [c.summary() for c in tried],
         }
-        reasons = []
-        if not parity.ok:
-            reasons.append(parity.summary())
-        if reward_after <= reward_before:
-            reasons.append(f"held-out feedback did not improve ({reward_before:.3f} -> {reward_after:.3f})")
-        if nll_delta > MAX_NLL_INCREASE:
-            reasons.append(f"passage NLL rose {nll_delta:+.1%} (limit +{MAX_NLL_INCREASE:.0%})")
-        if regression_after.qa_right < regression_before.qa_right:
-            reasons.append(f"factual answers dropped {regression_before.qa_right} -> {regression_after.qa_right}")
-        decision = "rejected" if reasons else "deployed"
-        reason = "; ".join(reasons) or (
-            f"held-out feedback {reward_before:.3f} -> {reward_after:.3f}, passage NLL {nll_delta:+.1%}, "
-            f"factual answers {regression_before.qa_right} -> {regression_after.qa_right}"
-        )
         metrics["wall_s"] = round(time.perf_counter() - started, 1)
+        feedback_ids = plan.feedback_ids
         run_id = store.record_learning_run(
             slot=slot, status="done", feedback_ids=feedback_ids, decision=decision, reason=reason, metrics=metrics
         )
-        version = store.register_adapter(
-            candidate_file,
-            slot=slot,
-            base_model=manifest.name,
-            rank=config.rank,
-            parent_id=deployed.id if deployed else None,
-            learning_run_id=run_id,
-            feedback_ids=feedback_ids,
-            evaluations=metrics,
-            status="candidate" if decision == "deployed" else "rejected",
-        )
-        if decision == "deployed":
-            store.deploy_adapter(version.id)
-        store.set_learning_run_adapter(run_id, version.id)
-    return SlotReport(slot, decision, reason, version.id, run_id, metrics)
+        for candidate in tried:
+            assert candidate.file is not None
+            version = store.register_adapter(
+                candidate.file,
+                slot=slot,
+                base_model=manifest.name,
+                rank=config.rank,
+                parent_id=deployed.id if deployed else None,
+                learning_run_id=run_id,
+                feedback_ids=feedback_ids,
+                evaluations={"candidate": candidate.summary(), "run": {k: metrics[k] for k in ("night", "steps")}},
+                status="candidate" if candidate is best else "rejected",
+            )
+            candidate.version_id = version.id
+        assert chosen.version_id is not None
+        if best:
+            store.deploy_adapter(chosen.version_id)
+        store.set_learning_run_adapter(run_id, chosen.version_id)
+    return SlotReport(slot, decision, reason, chosen.version_id, run_id, metrics)
+
+
+def _retrain(backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial) -> Candidate:
+    """The last fallback: the night again from its start, half the step size, 4x the KL anchor."""
+    gentler = dataclasses.replace(config, lr=config.lr / 2, kl_beta=config.kl_beta * 4, seed=config.seed + 1)
+    _set_weights(backend, initial)
+    backend.reset_optimizer(gentler.lr)
+    result = train(
+        backend,
+        engine,
+        base,
+        plan.train,
+        gentler,
+        workdir,
+        steps=plan.steps,
+        underneath=experts.underneath,
+        group_of=experts.group,
+    )
+    experts.underneath("")
+    return Candidate("retrain-gentler", len(result.steps), gentler.lr, gentler.kl_beta, backend.lora_weights())
 
 
 def learn_once(
@@ -193,17 +348,12 @@ def learn_once(
     slots: list[str] | None = None,
     on_step: Callable[[StepLog], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    system_prompt: str | None = None,
 ) -> list[SlotReport]:
-    """One run over every slot that has feedback (until `should_stop` says otherwise)."""
+    """One night: the personal adapter, learned from the feedback of every expert's turns (or
+    only of the expert `slots` given). Returns one report, or none when there is no feedback."""
     config = config or LearnConfig()
-    by_slot: dict[str, list[Episode]] = {}
-    for episode in episodes_from_store(store):
-        by_slot.setdefault(episode.slot, []).append(episode)
-    reports = []
-    for slot, episodes in sorted(by_slot.items()):
-        if slots is not None and slot not in slots:
-            continue
-        if should_stop():
-            break
-        reports.append(learn_slot(store, catalog, manifest, slot, episodes, config, on_step, should_stop=should_stop))
-    return reports
+    episodes = [e for e in episodes_from_store(store) if slots is None or e.slot in slots]
+    if not episodes or should_stop():
+        return []
+    return [learn_personal(store, catalog, manifest, episodes, config, on_step, None, should_stop, system_prompt)]

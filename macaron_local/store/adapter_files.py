@@ -238,7 +238,9 @@ def missing_files(db: Database, adapters_dir: Path, *, deep: bool = False) -> li
     Cheap checks by default (present, non-empty); `deep` also hashes each file against its name.
     """
     problems = []
-    for (digest,) in db.execute("SELECT DISTINCT sha256 FROM adapter_versions").fetchall():
+    forgotten = "SELECT version_id FROM forgotten_versions"  # their files were deleted on purpose
+    query = f"SELECT DISTINCT sha256 FROM adapter_versions WHERE id NOT IN ({forgotten})"
+    for (digest,) in db.execute(query).fetchall():
         path = adapters_dir / f"{digest}.gguf"
         if not path.is_file():
             problems.append((digest, f"{path} is missing"))

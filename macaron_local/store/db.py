@@ -561,7 +561,15 @@ class Store:
         """
         with self._writing() as db:
             self._conversation_row(conversation_id)
-            return learning.forget(db, conversation_id)
+            result = learning.forget(db, conversation_id)
+        for digest in result.deleted_files:  # after the commit: a rolled-back forget keeps its files
+            (self.adapters_dir / f"{digest}.gguf").unlink(missing_ok=True)
+        return result
+
+    def forgotten_reason(self, version_id: str) -> str | None:
+        """Why a version no longer has its file (it learned from a forgotten conversation)."""
+        with self._reading() as db:
+            return learning.forgotten_reason(db, version_id)
 
     # ----------------------------------------------------------------- export / import
     def export_jsonl(self, out: TextIO, conversation_ids: Sequence[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from macaron_local.store import rows
+from macaron_local.store import registry, rows
 from macaron_local.store.ids import new_id, now_iso
 from macaron_local.store.models import ForgetResult, LearningRun
 
@@ -83,11 +83,88 @@ def forget(db: Database, conversation_id: str) -> ForgetResult:
                 " WHERE id = ?",
                 [reason, reason, run["id"]],
             )
+    versions, rolled_back, files = {}, {}, []
+    if tainted:
+        versions, rolled_back, files = _withdraw_versions(db, [r["id"] for r in tainted], reason)
     db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id])
     return ForgetResult(
         conversation_id=conversation_id,
         messages=messages,
         feedback=len(feedback_ids),
-        tainted_runs=[r["id"] for r in tainted],
-        adapter_versions=sorted({r["adapter_version"] for r in tainted if r["adapter_version"]}),
+        tainted_runs=[r["id"] for r in tainted]
+        + sorted({v for v in versions.values() if v} - {r["id"] for r in tainted}),
+        adapter_versions=sorted(set(versions) | {r["adapter_version"] for r in tainted if r["adapter_version"]}),
+        rolled_back=rolled_back,
+        deleted_files=files,
     )
+
+
+def _withdraw_versions(
+    db: Database, run_ids: list[str], reason: str
+) -> tuple[dict[str, str | None], dict[str, str | None], list[str]]:
+    """Stop serving, and mark for deletion, every version that learned from the tainted runs.
+
+    That is each version a tainted run produced (rejected candidates too: their files encode
+    the data as well) and every descendant of one (a night continues from its parent's weights),
+    whose runs are tainted in turn. Each deployment of such a version moves to its newest
+    untainted ancestor, or is removed (the bare expert serves). Returns {version: its run},
+    {"slot@base": version now served}, and the file hashes no remaining version uses (the
+    caller deletes them once this transaction has committed).
+    """
+    marks = ",".join("?" * len(run_ids))
+    seeds = [r[0] for r in db.execute(f"SELECT id FROM adapter_versions WHERE learning_run_id IN ({marks})", run_ids)]
+    seeds += [r[0] for r in db.execute(f"SELECT adapter_version FROM learning_runs WHERE id IN ({marks})", run_ids)]
+    found = list(
+        db.execute(
+            """WITH RECURSIVE down(id) AS (
+                SELECT value FROM json_each(?) WHERE value IS NOT NULL
+                UNION SELECT v.id FROM adapter_versions v JOIN down ON v.parent_id = down.id
+            ) SELECT v.id, v.learning_run_id, v.sha256 FROM adapter_versions v JOIN down ON v.id = down.id""",
+            [json.dumps(seeds)],
+        )
+    )
+    versions = {row[0]: row[1] for row in found}
+    if not versions:
+        return {}, {}, []
+    inherited = reason.replace("learned from", "grew from a version that learned from")
+    for run_id in {run for run in versions.values() if run and run not in run_ids}:
+        db.execute(
+            "UPDATE learning_runs SET tainted = 1, tainted_reason = coalesce(tainted_reason || '; ', '') || ?"
+            " WHERE id = ?",
+            [inherited, run_id],
+        )
+    rolled_back: dict[str, str | None] = {}
+    deployments = db.execute(
+        f"SELECT slot, base_model, version_id FROM deployments WHERE version_id IN ({','.join('?' * len(versions))})",
+        list(versions),
+    ).fetchall()
+    for slot, base_model, version_id in deployments:
+        ancestor = next((v for v in registry.lineage(db, version_id, None) if v.id not in versions), None)
+        if ancestor is None:
+            db.execute("DELETE FROM deployments WHERE slot = ? AND base_model = ?", [slot, base_model])
+        else:
+            registry.deploy(db, ancestor.id)
+        rolled_back[f"{slot}@{base_model}"] = ancestor.id if ancestor else None
+    now = now_iso()
+    for version_id in versions:
+        db.execute("UPDATE adapter_versions SET status = 'retired' WHERE id = ? AND status != 'rejected'", [version_id])
+        db.execute(
+            "INSERT OR REPLACE INTO forgotten_versions (version_id, reason, forgotten_at) VALUES (?, ?, ?)",
+            [version_id, f"{reason}: stopped serving and its adapter file deleted", now],
+        )
+    hashes = sorted({row[2] for row in found})
+    still_used = {
+        r[0]
+        for r in db.execute(
+            f"SELECT DISTINCT sha256 FROM adapter_versions WHERE sha256 IN ({','.join('?' * len(hashes))})"
+            " AND id NOT IN (SELECT version_id FROM forgotten_versions)",
+            hashes,
+        )
+    }
+    return versions, rolled_back, [h for h in hashes if h not in still_used]
+
+
+def forgotten_reason(db: Database, version_id: str) -> str | None:
+    """Why a version's file was deleted (it learned from a forgotten conversation), or None."""
+    row = db.execute("SELECT reason FROM forgotten_versions WHERE version_id = ?", [version_id]).fetchone()
+    return row[0] if row else None

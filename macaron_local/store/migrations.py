@@ -220,3 +220,18 @@ def m003_registry_at_scale(db: Database) -> None:
     ]
     for sql in statements:
         db.execute(sql)
+
+
+@migration
+def m004_forgotten_adapter_versions(db: Database) -> None:
+    """Versions whose adapter file was deleted because they learned from a forgotten
+    conversation (the file encodes it), and why; and the index `forget` uses to find every
+    version (rejected candidates too) a learning run produced."""
+    db.execute(
+        """CREATE TABLE forgotten_versions (
+            version_id TEXT PRIMARY KEY REFERENCES adapter_versions(id),
+            reason TEXT NOT NULL,
+            forgotten_at TEXT NOT NULL
+        )"""
+    )
+    db.execute("CREATE INDEX idx_adapter_versions_run ON adapter_versions(learning_run_id)")

@@ -134,6 +134,27 @@ class ForgetResult:
     feedback: int
     tainted_runs: list[str]
     adapter_versions: list[str]
+    #: "slot@base" -> the version served instead (None: the bare expert), for every deployment
+    #: that had learned from the conversation.
+    rolled_back: dict[str, str | None] = field(default_factory=dict)
+    deleted_files: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line saying what happened, for the app and the CLI."""
+        line = f"forgot conversation {self.conversation_id}: {self.messages} messages, {self.feedback} feedback entries"
+        if not self.tainted_runs:
+            return line + "; no learning run had learned from it"
+        if not self.adapter_versions:
+            return line + f"; {len(self.tainted_runs)} learning run(s) that used it will not count"
+        served = ", ".join(
+            f"{key.split('@')[0]} now serves {version or 'the bare expert'}"
+            for key, version in self.rolled_back.items()
+        )
+        return (
+            f"{line}; {len(self.adapter_versions)} learned version(s) that knew it removed "
+            f"({len(self.deleted_files)} file(s) deleted){'; ' + served if served else ''}; "
+            "the next learning run retrains without it"
+        )
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,9 @@ class TrainerBackend(Protocol):
     def add_lora(self, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> None:
         """Wrap every linear layer (attention and MLP) with a LoRA whose B starts at zero."""
 
+    def reset_optimizer(self, lr: float) -> None:
+        """Start the optimizer afresh at learning rate `lr`."""
+
     def logprobs(self, batch: Batch) -> Any:
         """Per-token log-probabilities (B, T) of `batch.targets` under base + LoRA (0 before the
         first completion position, which is never scored)."""

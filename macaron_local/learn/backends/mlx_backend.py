@@ -6,6 +6,10 @@ engine runs: the config from its metadata and the dequantized weights through gg
 map (`gguf_weights`). The KL reference is the same model with every LoRA's scale set to 0, so
 the base exists once in memory. Export writes a PEFT directory (A = lora_a^T, B = lora_b^T,
 alpha = scale * rank) and goes through the same PEFT->GGUF converter as the torch backend.
+
+Tall (`qwen3_5_moe`) loads from the manifest's trainer checkpoint through mlx-lm's own
+`qwen3_5_moe` (4-bit with `bits=4`), and its expert stays a frozen LoRA stacked under the
+personal one (`mlx_stack`; `learn.stacking` says why and which targets the personal LoRA gets).
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import numpy as np
 
 from macaron_local.errors import MacaronError
 from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, first_scored_position
+from macaron_local.learn.backends.checkpoint import resolve_checkpoint
 from macaron_local.learn.backends.gguf_weights import hf_config, load_hf_weights
+from macaron_local.learn.backends.mlx_stack import MLX_PREFIX, expert_factors, load_checkpoint, text_model
+from macaron_local.learn.stacking import PERSONAL_TARGETS, stacks_experts
 
 PEFT_PREFIX = "base_model.model."
 
@@ -38,8 +45,16 @@ def _require_mlx():
 class MlxBackend:
     name = "mlx"
 
-    def __init__(self, lr: float = 1e-4, dtype: str = "float32") -> None:
+    def __init__(
+        self, lr: float = 1e-4, dtype: str = "float32", bits: int | str | None = "auto", group_size: int = 64
+    ) -> None:
         self.mx = _require_mlx()
+        # A quantized base, for checkpoints only: "auto" is 4-bit for Tall-class models (the only
+        # way its base fits beside the engine on a 64 GB Mac), full precision for the others.
+        self.bits, self.group_size = bits, group_size
+        self.expert_source: Path | None = None
+        self._expert_layers: list[tuple[object, str, object]] = []  # (parent, attribute, wrapper)
+        self.model_type = ""
         self.lr = lr
         self.dtype = getattr(self.mx, dtype)
         self.model = None
@@ -53,22 +68,13 @@ class MlxBackend:
         from mlx.utils import tree_flatten
         from mlx_lm.utils import _get_classes
 
-        if checkpoint:
-            from huggingface_hub import snapshot_download
-            from huggingface_hub.errors import LocalEntryNotFoundError
-            from mlx_lm.utils import load_model
-
-            try:  # the local cache only: learning never downloads
-                local = (
-                    Path(checkpoint)
-                    if Path(checkpoint).is_dir()
-                    else Path(snapshot_download(checkpoint, local_files_only=True))
-                )
-            except LocalEntryNotFoundError:
-                raise MacaronError(
-                    f"the trainer needs {checkpoint} on this machine; download it once with `hf download {checkpoint}`"
-                ) from None
-            self.model, self.config = load_model(local)
+        if checkpoint:  # the local directory or cache only: learning never downloads
+            local = resolve_checkpoint(checkpoint)
+            bits = self.bits
+            if bits == "auto":
+                model_type = json.loads((local / "config.json").read_text()).get("model_type", "")
+                bits = 4 if stacks_experts(model_type) else None
+            self.model, self.config = load_checkpoint(local, bits, self.group_size)
         else:
             self.config = hf_config(Path(base_gguf))
             model_class, args_class = _get_classes(self.config)
@@ -77,19 +83,38 @@ class MlxBackend:
             weights = load_hf_weights(Path(base_gguf), names)
             model.load_weights([(k, self.mx.array(v)) for k, v in weights.items()], strict=True)
             self.model = model
-        self.model.set_dtype(self.dtype)
+        self.model_type = str(self.config.get("model_type", ""))
+        self._set_dtype()
         self.model.freeze()
         self.mx.eval(self.model.parameters())
         self._nn = nn
 
+    def _set_dtype(self) -> None:
+        """Float parameters to the backend's dtype; quantized weights keep their integers."""
+        self.model.set_dtype(self.dtype, predicate=lambda d: self.mx.issubdtype(d, self.mx.floating))
+
+    @property
+    def stacks_experts(self) -> bool:
+        return stacks_experts(self.model_type)
+
     def linear_weight_names(self) -> list[str]:
-        return [f"{name}.weight" for name, module in self.model.named_modules() if isinstance(module, self._nn.Linear)]
+        modules = self.model.named_modules()
+        linear = [name for name, module in modules if isinstance(module, self._nn.Linear)]
+        return [f"{name.removesuffix('.linear')}.weight" for name in linear]  # also after add_lora
 
     def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
         from mlx.utils import tree_flatten, tree_unflatten
 
         current = dict(tree_flatten(self.model.parameters()))
-        updated = [(n, current[n] + self.mx.array(np.asarray(d)).astype(current[n].dtype)) for n, d in deltas.items()]
+
+        def resolved(name: str) -> str:  # after add_lora, LoRALinear keeps the base at `.linear`
+            module, _, leaf = name.rpartition(".")
+            return name if name in current else f"{module}.linear.{leaf}"
+
+        updated = []
+        for name, delta in deltas.items():
+            key = resolved(name)
+            updated.append((key, current[key] + self.mx.array(np.asarray(delta)).astype(current[key].dtype)))
         self.model.update(tree_unflatten(updated))
         self.mx.eval(self.model.parameters())
 
@@ -101,10 +126,21 @@ class MlxBackend:
         self.mx.random.seed(seed)
         self.rank, self.scale = rank, alpha / rank
         layers = len(self.model.layers)
-        linear_to_lora_layers(self.model, layers, {"rank": rank, "scale": self.scale, "dropout": 0.0})
+        settings = {"rank": rank, "scale": self.scale, "dropout": 0.0}
+        if self.stacks_experts:  # Tall's targets, looked up in every layer (attention or linear attention)
+            keys = {f"{where}.{t}" for where in ("self_attn", "linear_attn") for t in PERSONAL_TARGETS[:9]}
+            settings["keys"] = keys | {f"mlp.{t}" for t in PERSONAL_TARGETS[9:]}
+        linear_to_lora_layers(self.model, layers, settings)
         self._lora = {name: m for name, m in self.model.named_modules() if isinstance(m, LoRALinear)}
-        self.model.set_dtype(self.dtype)
+        self._set_dtype()
         self.optimizer = optim.AdamW(learning_rate=self.lr, weight_decay=0.0)
+
+    def reset_optimizer(self, lr: float) -> None:
+        """A fresh AdamW at `lr` (a retry of the run at another step size)."""
+        import mlx.optimizers as optim
+
+        self.lr = lr
+        self.optimizer = optim.AdamW(learning_rate=lr, weight_decay=0.0)
 
     def asarray(self, values: np.ndarray):
         return self.mx.array(np.asarray(values, dtype=np.float32)).astype(self.dtype)
@@ -120,6 +156,7 @@ class MlxBackend:
         ids = mx.array(np.asarray(batch.input_ids, dtype=np.int32))
         targets = mx.array(np.asarray(batch.targets, dtype=np.int32))
         start = first_scored_position(batch)
+        model = text_model(model)
         hidden = model.model(ids)[:, start:, :]
         if getattr(model.args, "tie_word_embeddings", False):
             logits = model.model.embed_tokens.as_linear(hidden)
@@ -198,7 +235,8 @@ class MlxBackend:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {}
-        for module, layer in self._lora.items():
+        for name, layer in self._lora.items():
+            module = name.replace(MLX_PREFIX, "model.") if name.startswith(MLX_PREFIX) else name
             a = np.array(layer.lora_a.astype(self.mx.float32)).T  # (r, in)
             b = np.array(layer.lora_b.astype(self.mx.float32)).T  # (out, r)
             tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(a)
@@ -214,3 +252,35 @@ class MlxBackend:
         }
         (directory / "adapter_config.json").write_text(json.dumps(config, indent=2))
         return directory
+
+    def stack_expert(self, source: Path | None) -> None:
+        """Put the PEFT expert at `source` under the personal LoRA, frozen (None: no expert).
+        Called after `add_lora`; one expert at a time (switching unwraps the previous one)."""
+        from mlx_lm.tuner.lora import LoRALinear, LoRASwitchLinear
+
+        source = Path(source) if source is not None else None
+        if source == self.expert_source:
+            return
+        for parent, attribute, wrapper in reversed(self._expert_layers):
+            setattr(parent, attribute, wrapper.linear)
+        self._expert_layers, self.expert_source = [], None
+        if source is None:
+            return
+        modules = dict(self.model.named_modules())
+        args = text_model(self.model).args
+        for path, (a, b, scale) in expert_factors(source, int(args.num_experts), int(args.hidden_size)).items():
+            parent_path, _, attribute = path.rpartition(".")
+            parent = modules.get(parent_path)
+            layer = getattr(parent, attribute, None) if parent is not None else None
+            if layer is None:
+                raise MacaronError(f"the trainer has no layer {path} for the expert at {source}")
+            if isinstance(layer, LoRALinear) and path in self._lora:  # the personal LoRA wraps it
+                parent, attribute, layer = layer, "linear", layer.linear
+            wrap = LoRASwitchLinear if a.ndim == 3 else LoRALinear
+            wrapper = wrap.from_base(layer, r=a.shape[-2] if a.ndim == 3 else a.shape[-1], scale=scale)
+            wrapper.lora_a, wrapper.lora_b = self.asarray(a), self.asarray(b)
+            wrapper.freeze()
+            setattr(parent, attribute, wrapper)
+            self._expert_layers.append((parent, attribute, wrapper))
+        self.expert_source = source
+        self.mx.eval(self.model.parameters())

@@ -2,8 +2,13 @@
 LoRA to every linear layer, AdamW trains it. CUDA when present, else CPU.
 
 The KL reference is the same model with the adapter disabled, so the base exists once in
-memory. Export goes through PEFT's own `save_pretrained`, then our PEFT->GGUF converter: the
-same path Macaron's published experts take, tested end to end against a numpy reference.
+memory. On Tall (`qwen3_5_moe`, loaded from the manifest's trainer checkpoint, in 8 or 4 bits on
+a GPU smaller than its BF16 weights) the slot's expert is a second, frozen peft adapter stacked
+under the personal one (`stack_expert`), and the reference is the expert alone (see
+`learn.stacking` for why, and for the personal adapter's targets).
+
+Export goes through PEFT's own `save_pretrained`, then our PEFT->GGUF converter: the same
+path Macaron's published experts take, tested end to end against a numpy reference.
 """
 
 from __future__ import annotations
@@ -16,6 +21,16 @@ import numpy as np
 
 from macaron_local.errors import MacaronError
 from macaron_local.learn.backends.base import Batch, Objective, StepOutcome
+from macaron_local.learn.backends.checkpoint import (
+    bitsandbytes_config,
+    checkpoint_bytes,
+    choose_quantization,
+    resolve_checkpoint,
+)
+from macaron_local.learn.stacking import personal_targets, stacks_experts
+
+PERSONAL = "default"  # peft's name for the trainable adapter
+EXPERT = "expert"  # the frozen expert stacked under it
 
 
 def _require_torch():
@@ -42,6 +57,17 @@ class TorchBackend:
         self.lr = lr
         self.model = None
         self.optimizer = None
+        self.quantization: str | None = None
+        self.expert_source: Path | None = None
+
+    @property
+    def stacks_experts(self) -> bool:
+        """True where the slot's expert must stay a frozen LoRA (Tall), not be folded."""
+        return self.model is not None and stacks_experts(self._config().model_type)
+
+    def _config(self):
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return inner.config
 
     def load(self, base_gguf: Path, checkpoint: str | None = None) -> None:
         from transformers import AutoModelForCausalLM
@@ -49,43 +75,101 @@ class TorchBackend:
 
         hf_logging.disable_progress_bar()
         base_gguf = Path(base_gguf)
-        source = (
-            {"pretrained_model_name_or_path": checkpoint, "local_files_only": True}
-            if checkpoint
-            else {
-                "pretrained_model_name_or_path": str(base_gguf.parent),
-                "gguf_file": base_gguf.name,
-            }
-        )
+        dtype = self.torch.float32
+        if checkpoint:  # a local directory or the local cache: learning never downloads
+            local = resolve_checkpoint(checkpoint)
+            source = {"pretrained_model_name_or_path": str(local), "local_files_only": True}
+            if self.device == "cuda":
+                dtype = self.torch.bfloat16
+                gpu = self.torch.cuda.get_device_properties(0).total_memory
+                self.quantization = choose_quantization(checkpoint_bytes(local), gpu)
+                if self.quantization:
+                    source["quantization_config"] = bitsandbytes_config(self.quantization, self.torch)
+                    source["device_map"] = {"": 0}
+        else:
+            source = {"pretrained_model_name_or_path": str(base_gguf.parent), "gguf_file": base_gguf.name}
         try:
-            model = AutoModelForCausalLM.from_pretrained(**source, dtype=self.torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype)
         except (ValueError, OSError, KeyError) as exc:
             raise MacaronError(
                 f"transformers cannot load {checkpoint or base_gguf} for training ({exc}); "
                 "name a checkpoint of the same base in the model's manifest ([training] checkpoint) "
                 "and download it once with `hf download <checkpoint>`"
             ) from None
-        self.model = model.to(self.device)
+        if self.quantization:  # bitsandbytes placed it; float32 norms, input grads for the LoRA
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        else:
+            model = model.to(self.device)
+        self.model = model
         self.model.config.use_cache = False
 
     def linear_weight_names(self) -> list[str]:
         linear = self.torch.nn.Linear
-        return [f"{name}.weight" for name, module in self.model.named_modules() if isinstance(module, linear)]
+        names = []
+        for name, module in self.model.named_modules():
+            if isinstance(module, linear) and ".lora_" not in name:  # the base's, also under peft
+                names.append(f"{name.removeprefix('base_model.model.').removesuffix('.base_layer')}.weight")
+        return names
 
     def fold_in(self, deltas: Mapping[str, np.ndarray]) -> None:
+        """Add deltas to base weights; also after `add_lora` (peft's wrapped names), so one
+        run can switch the expert underneath a shared LoRA."""
         with self.torch.no_grad():
             for name, delta in deltas.items():
-                weight = self.model.get_parameter(name)
+                weight = self._base_parameter(name)
                 weight += self.torch.from_numpy(np.asarray(delta)).to(weight.device, weight.dtype)
+
+    def _base_parameter(self, name: str):
+        try:
+            return self.model.get_parameter(name)
+        except AttributeError:
+            module, _, leaf = name.rpartition(".")
+            return self.model.get_parameter(f"base_model.model.{module}.base_layer.{leaf}")
+
+    def reset_optimizer(self, lr: float) -> None:
+        """A fresh AdamW at `lr` (a retry of the run at another step size)."""
+        self.lr = lr
+        self.optimizer = self.torch.optim.AdamW(self._trainable(), lr=lr, weight_decay=0.0)
 
     def add_lora(self, rank: int = 8, alpha: float = 16.0, seed: int = 0) -> None:
         from peft import LoraConfig, get_peft_model
 
         self.torch.manual_seed(seed)
-        config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0, bias="none")
+        targets = personal_targets(self._config().model_type)
+        config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none")
         self.model = get_peft_model(self.model, config)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.torch.optim.AdamW(trainable, lr=self.lr, weight_decay=0.0)
+
+    def stack_expert(self, source: Path | None) -> None:
+        """Put the PEFT expert at `source` under the personal LoRA, frozen (None: no expert).
+        Called after `add_lora`; one expert is resident at a time (on Tall each is 3.7B
+        parameters), so switching frees the previous one first."""
+        source = Path(source) if source is not None else None
+        if source == self.expert_source:
+            return
+        if EXPERT in self.model.peft_config:
+            self._activate(PERSONAL)
+            self.model.delete_adapter(EXPERT)
+        self.expert_source = None
+        if source is not None:
+            try:
+                self.model.load_adapter(str(source), adapter_name=EXPERT, is_trainable=False)
+            except (ValueError, OSError, KeyError, RuntimeError) as exc:
+                raise MacaronError(f"the trainer cannot stack the expert at {source}: {exc}") from None
+            self.expert_source = source
+        self._activate(*self._stack())
+
+    def _stack(self) -> tuple[str, ...]:
+        return (EXPERT, PERSONAL) if self.expert_source is not None else (PERSONAL,)
+
+    def _activate(self, *adapters: str) -> None:
+        """Make `adapters` the active (summed) set; only the personal LoRA ever trains."""
+        self.model.base_model.set_adapter(list(adapters))
+        for name, param in self.model.named_parameters():
+            param.requires_grad = f".{PERSONAL}." in name and ".lora_" in name
 
     def asarray(self, values: np.ndarray):
         return self.torch.as_tensor(np.asarray(values), dtype=self.torch.float32, device=self.device)
@@ -123,8 +207,16 @@ class TorchBackend:
         return self.torch.tensor(lengths, device=self.device)
 
     def reference_logprobs(self, batch: Batch):
-        with self.torch.no_grad(), self.model.disable_adapter():
-            return self.logprobs(batch)
+        """LoRA off; with a stacked expert, the expert alone (what the user is served now)."""
+        if self.expert_source is None:
+            with self.torch.no_grad(), self.model.disable_adapter():
+                return self.logprobs(batch)
+        self._activate(EXPERT)
+        try:
+            with self.torch.no_grad():
+                return self.logprobs(batch)
+        finally:
+            self._activate(*self._stack())
 
     def mask(self, batch: Batch):
         return self.asarray(np.asarray(batch.mask, dtype=np.float32))
@@ -183,5 +275,5 @@ class TorchBackend:
 
     def save_peft(self, directory: Path) -> Path:
         directory = Path(directory)
-        self.model.save_pretrained(str(directory), safe_serialization=True)
+        self.model.save_pretrained(str(directory), safe_serialization=True, selected_adapters=[PERSONAL])
         return directory

@@ -367,13 +367,12 @@ class ChatScreen(Screen):
         def done(choice: str | None) -> None:
             if choice == "delete":
                 result = self.session.forget(conversation)
-                marked = len(result.tainted_runs)
-                self.notify(f"Deleted {result.messages} messages; {marked} learning run(s) marked as using it.")
+                self.notify(result.summary())
                 self.run_worker(self.after_turn())
 
         self.app.push_screen(
             PickScreen(
-                "Delete this conversation everywhere? Learning runs that used it are marked.",
+                "Delete this conversation everywhere? Learned versions that used it are removed.",
                 [("delete", "Delete it"), ("keep", "Keep it")],
             ),
             done,

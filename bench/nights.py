@@ -1,0 +1,85 @@
+"""Nights that build on each other: several nights of real learning, each adding new scenarios'
+corrections, and after each night every scenario seen so far scored with what is deployed.
+
+Each NIGHT is a comma-separated list of scenario files (the format of bench/learning.py) whose
+corrections the simulated user makes that day. After the night's real learning pass (exactly
+`macaron learn`: `learn_once` with the settings' `[learn]` config), every scenario seen so far
+is scored on its held-out prompts (greedy replies, routed and served as the chat serves them).
+
+Output: {"before": {name: share}, "nights": [{"scenarios": [names], "wall_s": s,
+"shares": {name: share}}, ...]}. Each night's decision goes to stderr.
+
+Target: two nights with different scenarios keep night 1's share within 0.1 of its value
+after night 1; three scenarios taught on one night each reach >= 0.6.
+
+Usage: python bench/nights.py --json a.json,b.json c.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import emit
+from learning import checker, heldout_share, load_scenario, seed_feedback, served_stack
+
+from macaron_local.daemon.config import learn_config
+from macaron_local.learn.run import learn_once
+from macaron_local.session import Session
+from macaron_local.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("nights", nargs="+", metavar="NIGHT", help="comma-separated scenario files taught that day")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    nights = [[load_scenario(Path(p)) | {"_path": p} for p in night.split(",") if p] for night in args.nights]
+    if not all(nights):
+        raise SystemExit("error: every NIGHT names at least one scenario file")
+    names = [s.get("name", Path(s["_path"]).stem) for night in nights for s in night]
+    if len(set(names)) != len(names):
+        raise SystemExit("error: scenario names must differ across nights")
+
+    home = Path(tempfile.mkdtemp(prefix="macaron-nights-bench-"))
+    settings = Settings.load(home)
+    settings.ensure_dirs()
+    config = learn_config(settings)
+
+    def share(session: Session, scenario: dict) -> float:
+        value, _ = heldout_share(
+            session, served_stack(session), session.system_prompt, scenario["heldout"], checker(scenario)
+        )
+        return value
+
+    session = Session(settings, engine_config={"n_ctx": 2048})
+    report: dict = {"before": {s.get("name", s["_path"]): share(session, s) for night in nights for s in night}}
+    report["nights"] = []
+    seen: list[dict] = []
+    for night in nights:
+        for scenario in night:
+            seed_feedback(session, scenario, checker(scenario), ratings_only=False)
+        seen.extend(night)
+        started = time.perf_counter()
+        reports = learn_once(session.store, session.catalog, session.manifest, config)
+        wall = time.perf_counter() - started
+        for r in reports:
+            print(f"night {len(report['nights']) + 1}: {r.slot} {r.decision}: {r.reason}", file=sys.stderr)
+        session.close()
+        session = Session(settings, engine_config={"n_ctx": 2048})  # serves what was deployed
+        report["nights"].append(
+            {
+                "scenarios": [s.get("name", s["_path"]) for s in night],
+                "wall_s": round(wall, 1),
+                "shares": {s.get("name", s["_path"]): share(session, s) for s in seen},
+            }
+        )
+    session.close()
+    return emit(report, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The gate: may a candidate personal adapter replace what the user is served now?
+
+Every check is made the way the user is served: each held-out episode with the expert it was
+routed to underneath, each regression question with the expert the router picks, the chat's
+system prompt and template (`regression.score`). A candidate passes when:
+- parity: llama.cpp reproduces the trainer's effect of the adapter (`export.parity_check`);
+- new held-out feedback (not yet taught) moves toward what the user wanted: its mean reward
+  beats the deployed version's;
+- earlier nights' held-out episodes (what deployed nights taught) are not forgotten: the paired
+  mean change against the deployed version is not below -(tolerance + 2 standard errors);
+- regression against a stable reference, the bare experts (no personal adapter): passage NLL
+  at most +2%, and no fewer factual answers than the bare experts give. Comparing with the
+  last deployed version instead ratchets on noise: one lucky night's count blocks the next.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from macaron_local.engine import AdapterHandle, Engine, GenerationParams
+from macaron_local.learn.episodes import Episode
+from macaron_local.learn.regression import RegressionScore
+from macaron_local.learn.regression import score as regression_score
+from macaron_local.learn.rewards import preference_reward
+
+MAX_NLL_INCREASE = 0.02
+OLD_HELDOUT_TOLERANCE = 0.02
+GATE_REPLY = GenerationParams(max_tokens=64, temperature=0.0, repeat_penalty=1.1)
+
+Stack = Callable[[str], list[AdapterHandle]]
+
+
+def heldout_rewards(engine: Engine, stack: Stack, episodes: Sequence[Episode]) -> list[float]:
+    """Greedy reply to each episode under its expert's stack, scored against the user's verdict."""
+    rewards = []
+    for episode in episodes:
+        engine.set_adapters(stack(episode.slot))
+        reply = engine.generate(engine.render_tokens(episode.messages), GATE_REPLY).text
+        rewards.append(preference_reward(reply, episode.chosen, episode.rejected))
+    return rewards
+
+
+def significantly_worse(after: Sequence[float], before: Sequence[float], tolerance: float = OLD_HELDOUT_TOLERANCE):
+    """True when the paired mean change is below -(tolerance + 2 standard errors)."""
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    if not diffs:
+        return False
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return statistics.fmean(diffs) < -(tolerance + 2 * se)
+
+
+@dataclass
+class Scores:
+    held_new: list[float]
+    held_old: list[float]
+    regression: RegressionScore | None = None
+
+    @property
+    def new_mean(self) -> float:
+        return statistics.fmean(self.held_new) if self.held_new else 0.0
+
+    @property
+    def old_mean(self) -> float:
+        return statistics.fmean(self.held_old) if self.held_old else 0.0
+
+
+def score(
+    engine: Engine,
+    stack: Stack,
+    held_new: Sequence[Episode],
+    held_old: Sequence[Episode],
+    system_prompt: str,
+    serve: GenerationParams,
+    regression: bool = True,
+) -> Scores:
+    return Scores(
+        heldout_rewards(engine, stack, held_new),
+        heldout_rewards(engine, stack, held_old),
+        regression_score(engine, stack, system_prompt, serve) if regression else None,
+    )
+
+
+def verdict(candidate: Scores, current: Scores, reference: RegressionScore) -> tuple[list[str], dict]:
+    """(reasons to reject, figures) for a candidate against the deployed version and the base."""
+    assert candidate.regression is not None
+    reg = candidate.regression
+    nll_delta = reg.passage_nll / reference.passage_nll - 1
+    figures = {
+        "heldout_reward_before": round(current.new_mean, 4),
+        "heldout_reward_after": round(candidate.new_mean, 4),
+        "old_heldout_episodes": len(candidate.held_old),
+        "old_heldout_reward_before": round(current.old_mean, 4),
+        "old_heldout_reward_after": round(candidate.old_mean, 4),
+        "regression_nll_reference": round(reference.passage_nll, 4),
+        "regression_nll_delta": round(nll_delta, 4),
+        "regression_qa_reference": reference.qa_right,
+        "regression_qa_before": reference.qa_right,
+        "regression_qa_after": reg.qa_right,
+        "regression_qa_total": reg.qa_total,
+    }
+    reasons = []
+    if candidate.new_mean <= current.new_mean:
+        reasons.append(f"held-out feedback did not improve ({current.new_mean:.3f} -> {candidate.new_mean:.3f})")
+    if significantly_worse(candidate.held_old, current.held_old):
+        reasons.append(
+            f"earlier nights' held-out feedback fell ({current.old_mean:.3f} -> {candidate.old_mean:.3f}, "
+            f"{len(candidate.held_old)} episodes)"
+        )
+    if nll_delta > MAX_NLL_INCREASE:
+        reasons.append(f"passage NLL rose {nll_delta:+.1%} over the bare experts (limit +{MAX_NLL_INCREASE:.0%})")
+    if reg.qa_right < reference.qa_right:
+        reasons.append(f"factual answers dropped below the bare experts' ({reference.qa_right} -> {reg.qa_right})")
+    return reasons, figures
