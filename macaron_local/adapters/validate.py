@@ -10,7 +10,6 @@ one line that says what is wrong.
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from macaron_local.adapters.gguf_header import ADAPTER_LIMITS, MODEL_LIMITS, read_header
 from macaron_local.adapters.gguf_lora import LORA_A, LORA_B, STORAGE_TYPES, field_value, read_tensor_values
 from macaron_local.errors import AdapterError, MacaronError, ModelError
 
@@ -107,20 +107,10 @@ def _why(exc: BaseException) -> str:
 
 
 def _check_header(path: Path, error: type[MacaronError] = AdapterError) -> None:
-    """Cheap checks that need no parser: exists, is a file, big enough, GGUF magic, version."""
-    if not path.exists():
-        raise error(f"{path}: no such file")
-    if not path.is_file():
-        raise error(f"{path}: not a regular file")
-    if path.stat().st_size == 0:
-        raise error(f"{path}: empty file")
-    with path.open("rb") as handle:
-        head = handle.read(GGUF_MIN_BYTES)
-    if len(head) < GGUF_MIN_BYTES or head[:4] != GGUF_MAGIC:
-        raise error(f"{path}: not a GGUF file (bad magic or too short)")
-    version = struct.unpack("<I", head[4:8])[0]
-    if version not in (2, 3):
-        raise error(f"{path}: unsupported GGUF version {version}")
+    """Every count, length and offset of the header checked against the file before gguf-py
+    reads it (adapters/gguf_header.py): regular file, magic, version, bounded arrays, tensor
+    regions in order and inside the file."""
+    read_header(path, error, ADAPTER_LIMITS if error is AdapterError else MODEL_LIMITS)
 
 
 def _open(path: Path) -> gguf.GGUFReader:
@@ -192,6 +182,23 @@ def _check_pair_shapes(
     return rank
 
 
+#: The largest weight update a pair may add: what half precision holds (llama.cpp's GPU backends
+#: compute in it), far beyond any trained LoRA (updates there are below ~10).
+MAX_UPDATE = 65504.0
+
+
+def _check_update_range(path: Path, name: str, alpha: float, peak_a: float, peak_b: float) -> None:
+    """Finite values can still multiply past float32: every element of (alpha / rank) * B @ A is
+    at most alpha * max|A| * max|B| (rank terms, each at most max|A| * max|B|), so bounding that
+    keeps the update llama.cpp adds finite without forming the product."""
+    bound = alpha * peak_a * peak_b
+    if not bound <= MAX_UPDATE:
+        raise AdapterError(
+            f"{path}: {name}'s update can reach {bound:.3g} (alpha {alpha:g} x max|A| {peak_a:.3g} x max|B| "
+            f"{peak_b:.3g}); at most {MAX_UPDATE:g} is allowed"
+        )
+
+
 def validate_adapter(path: str | os.PathLike[str], base: BaseModelInfo, *, check_values: bool = True) -> AdapterReport:
     """Raise AdapterError unless `path` is a LoRA adapter llama.cpp can safely apply to `base`.
 
@@ -200,7 +207,8 @@ def validate_adapter(path: str | os.PathLike[str], base: BaseModelInfo, *, check
     """
     path = Path(path)
     try:
-        return _validate(path, base, check_values)
+        with np.errstate(all="ignore"):  # overflow in untrusted values is reported, never warned
+            return _validate(path, base, check_values)
     except AdapterError:
         raise
     except Exception as exc:
@@ -238,10 +246,13 @@ def _validate(path: Path, base: BaseModelInfo, check_values: bool) -> AdapterRep
         b_shape = tuple(int(d) for d in reversed(pair["b"].shape.tolist()))
         rank = _check_pair_shapes(path, name, base.tensors[name], a_shape, b_shape)
         if check_values:
+            peaks = []
             for half in ("a", "b"):
                 values = read_tensor_values(pair[half])
                 if not np.isfinite(values).all():
                     raise AdapterError(f"{path}: {pair[half].name} holds NaN or infinite values")
+                peaks.append(float(np.abs(values).max(initial=0.0)))
+            _check_update_range(path, name, alpha, *peaks)
         ranks.add(rank)
 
     return AdapterReport(
