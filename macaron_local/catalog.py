@@ -8,8 +8,6 @@ manifests into the config directory. A slot with no adapter is served by the bas
 from __future__ import annotations
 
 import importlib.resources
-import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,12 +15,13 @@ from typing import Any
 import tomli_w
 
 from macaron_local.errors import InvalidInputError, ModelError
+from macaron_local.manifest_schema import NAME_PATTERN, check_manifest
 from macaron_local.settings import Settings, write_private_atomic
+from macaron_local.untrusted import load_toml, read_text
 
 #: Macaron's hard-routed experts, in routing-label order.
 SLOTS: dict[str, str] = {"L0": "Chat", "L1": "Agent", "L2": "Coding", "L3": "UI"}
 SOURCE_KINDS = ("package", "huggingface", "path")
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 def builtin_manifest_dir() -> Path:
@@ -93,12 +92,8 @@ class Manifest:
     @classmethod
     def from_toml(cls, path: Path, builtin: bool = False) -> Manifest:
         where = str(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidInputError(f"model manifest {where} is unreadable: {exc}") from None
-        if "name" not in data or "base" not in data:
-            raise InvalidInputError(f"model manifest {where} needs 'name' and a [base] table")
+        data = load_toml(read_text(path, "model manifest"), f"model manifest {where}")
+        check_manifest(data, where, tuple(SLOTS))
         experts = {}
         for slot, default_name in SLOTS.items():
             entry = data.get("experts", {}).get(slot, {})
@@ -192,7 +187,7 @@ class Catalog:
         """Register a local GGUF base model under `name` (its header is checked first)."""
         from macaron_local.adapters.validate import BaseModelInfo
 
-        if not NAME_PATTERN.match(name):
+        if not NAME_PATTERN.fullmatch(name):
             raise InvalidInputError(f"model name {name!r} must be lowercase letters, digits, '.', '_' or '-'")
         if any(m.name == name for m in self.manifests()):
             raise InvalidInputError(f"a model named {name!r} already exists")

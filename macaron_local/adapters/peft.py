@@ -19,6 +19,7 @@ import numpy as np
 from safetensors import safe_open
 
 from macaron_local.adapters.gguf_lora import LoraAdapter, LoraPair, permute_llama_qk_rows, write_adapter
+from macaron_local.adapters.peft_config import check_config, check_output, check_storable, check_tensors, read_config
 from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
 from macaron_local.errors import AdapterError
 
@@ -97,6 +98,7 @@ def qk_permuted_heads(base: BaseModelInfo, tensor: str) -> int | None:
     return getattr(base, key) if key else None
 
 
+@np.errstate(all="ignore")  # overflow in untrusted values is checked and reported, never warned
 def convert_peft_dir(
     peft_dir: str | os.PathLike[str],
     base: BaseModelInfo,
@@ -109,8 +111,10 @@ def convert_peft_dir(
     config_path, weights_path = peft_dir / CONFIG_FILE, peft_dir / WEIGHTS_FILE
     if not config_path.is_file() or not weights_path.is_file():
         raise AdapterError(f"{peft_dir}: a PEFT adapter needs {CONFIG_FILE} and {WEIGHTS_FILE}")
+    check_output(out_path)
+    config = read_config(config_path)  # an object of standard JSON, or one line
+    check_config(config, peft_dir)
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
         tensors = _load_safetensors(weights_path)
     except AdapterError:
         raise
@@ -119,11 +123,20 @@ def convert_peft_dir(
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise AdapterError(f"{peft_dir}: peft_type {config.get('peft_type')!r} is not LORA")
 
-    adapter = _convert(config, tensors, base, peft_dir)
+    check_tensors(config, tensors, peft_dir)
+    try:
+        adapter = _convert(config, tensors, base, peft_dir)
+    except (ValueError, IndexError, ZeroDivisionError) as exc:  # a shape the base's layout cannot take
+        why = " ".join(str(exc).split())[:160]
+        raise AdapterError(f"{peft_dir}: tensor shapes do not fit the base model ({why})") from None
+    check_storable(adapter.pairs, dtype, peft_dir)
     adapter.task_name = task_name
     out_path = Path(out_path)
     tmp = out_path.with_name(f".{out_path.name}.unvalidated")
-    write_adapter(tmp, adapter, dtype=dtype)
+    try:
+        write_adapter(tmp, adapter, dtype=dtype)
+    except OSError as exc:  # a full disk is a StoreError from the writer; anything else is the path
+        raise AdapterError(f"cannot write {out_path}: {exc.strerror or exc}") from None
     try:
         validate_adapter(tmp, base)
         os.replace(tmp, out_path)

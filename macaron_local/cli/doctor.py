@@ -6,6 +6,7 @@ import argparse
 
 from macaron_local.cli.common import add_model_option, load_settings, print_json
 from macaron_local.doctor import run_checks
+from macaron_local.terminal import printable
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -17,12 +18,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = run_checks(load_settings(), model=args.model, load=args.load)
+    checks = run_checks(load_settings(readonly=not args.load), model=args.model, load=args.load)
     if args.json:
         print_json([{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks])
     else:
         width = max(len(c.name) for c in checks)
         for check in checks:
             mark = "ok  " if check.ok else "FAIL"
-            print(f"{mark} {check.name:<{width}}  {check.detail}")
+            print(printable(f"{mark} {check.name:<{width}}  {check.detail}"))
     return 0 if all(c.ok for c in checks) else 1
