@@ -530,12 +530,20 @@ def plugin_cases(world: dict) -> list[Case]:
         "slot-and-expert": ('name = "p"\nslot = "L0"\nexpert = "sql"', "toml", True),
         "unknown-key": ('name = "p"\nslot = "L0"\nweights = "x"', "toml", True),
         "expert-newline": ('name = "p"\nexpert = "sql\\nx"', "toml", True),
-        "base-unknown": ('name = "p"\nslot = "L0"\nbase_model = "nope"', "toml", True),
         "escapes-in-description": ('name = "esc"\nslot = "L0"\ndescription = "\\u001b[2J"', "toml", None),
         "good": ('name = "fine"\nslot = "L2"', "toml", False),
     }
     for name, (text, suffix, bad) in manifests.items():
         add(name, [str(with_manifest(name, text, suffix))], bad=bad)
+    cases.append(
+        Case(
+            "plugin:base-unknown",
+            ["plugins", "import", str(with_manifest("base-unknown", 'name = "p"\nslot = "L0"\nbase_model = "nope"'))],
+            copy_home(world, "plugin-base-unknown"),
+            codes=(1,),
+            bad=True,
+        )
+    )  # an unknown model is a missing model: exit 1, as the README documents
     add("name-trailing-newline", [str(world["adapter"]), "--name", "p\n", "--slot", "L0"], bad=True)
     add("name-escape", [str(world["adapter"]), "--name", "p\x1b[2J", "--slot", "L0"], bad=True)
     fifo = folder / "fifo.gguf"

@@ -114,9 +114,17 @@ class Header:
     file_size: int
     alignment: int
     data_start: int
-    #: key -> (value type, value): scalars and strings decoded, arrays as (element type, count).
+    #: key -> (value type, value): scalars and strings decoded, arrays as (element type, count,
+    #: first element or None).
     kv: dict[str, tuple[int, object]] = field(default_factory=dict)
     tensors: tuple[TensorInfo, ...] = ()
+
+    def value(self, key: str) -> object | None:
+        """A scalar or string value (an array's first number), or None when absent."""
+        kind, value = self.kv.get(key, (None, None))
+        if kind == T.ARRAY:
+            return value[2]  # type: ignore[index]
+        return value
 
 
 class _Bounded:
@@ -245,14 +253,17 @@ def _parse(r: _Bounded, limits: Limits) -> Header:
             elements += count
             if limits.max_array_elements is not None and elements > limits.max_array_elements:
                 raise r.fail(f"metadata array {key!r} takes the header past {limits.max_array_elements} array elements")
+            first = None
             if item == T.STRING:
                 r.skip_strings(count, f"metadata array {key!r}")
             elif item in SCALAR_SIZES:
                 r.need(count * SCALAR_SIZES[item], f"metadata array {key!r} of {count} elements")
+                if count:
+                    (first,) = struct.unpack_from(SCALAR_FORMATS[item], r.buf, r.pos)
                 r.pos += count * SCALAR_SIZES[item]
             else:
                 raise r.fail(f"metadata array {key!r} has invalid element type {item}")
-            kv[key] = (T.ARRAY, (item, count))
+            kv[key] = (T.ARRAY, (item, count, first))
         elif kind == T.STRING:
             data = r.raw_string(f"the value of {key!r}")
             kv[key] = (kind, data.decode("utf-8", "replace"))

@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any
 
-from macaron_local.errors import MacaronError
+from macaron_local.errors import InvalidInputError, MacaronError
 from macaron_local.settings import Settings
 
 
@@ -22,6 +22,8 @@ def load_settings(*, readonly: bool = False) -> Settings:
     settings = Settings.load()
     try:
         settings.ensure_dirs()
+    except InvalidInputError:
+        raise  # a file where a folder must be: nothing can be read there either
     except MacaronError:
         if not readonly:
             raise

@@ -70,6 +70,15 @@ def connect_readonly(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_
             uri, uri=True, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
         )
         try:
+            try:
+                conn.execute("PRAGMA schema_version").fetchone()
+            except sqlite3.OperationalError:
+                # A WAL store needs its -shm file, which a read-only folder cannot take. Nothing
+                # can write there either, so the file cannot change under us: read it immutable.
+                if os.access(path.parent, os.W_OK):
+                    raise
+                conn.close()
+                conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
             db = Database(conn, execute_plugins=False)
             db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             db.execute("PRAGMA schema_version").fetchone()
