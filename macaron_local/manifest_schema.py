@@ -20,7 +20,7 @@ SOURCE_KINDS = ("package", "huggingface", "path")
 FORMATS = ("gguf", "peft")
 TEXT_KEYS = ("file", "package", "repo", "revision", "subfolder")
 MAX_TEXT = 4096
-MAX_SIZE = 1 << 50
+MAX_SIZE = 2**63 - 1  # what a file size can be (a 64-bit offset)
 
 
 def _fail(where: str, key: str, what: str, value: Any) -> InvalidInputError:
