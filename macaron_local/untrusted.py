@@ -31,7 +31,8 @@ MAX_SMALL_FILE = 1 << 20
 
 
 def open_regular(path: str | os.PathLike[str], what: str, error: type[MacaronError] = InvalidInputError) -> int:
-    """A read-only fd for `path`, refused unless it is a regular file (never blocks on a FIFO)."""
+    """A read-only fd for `path`, refused unless it is a regular file (never blocks on a FIFO).
+    Errors read "`what` `path`: why" (`what` may be empty)."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import gguf
 
 from macaron_local.errors import AdapterError, MacaronError
+from macaron_local.untrusted import open_regular
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -181,31 +181,12 @@ class _Bounded:
             self.pos += length
 
 
-def _open_regular(path: Path, error: type[MacaronError]) -> int:
-    """An fd for `path` only if it is a regular file: never block on a FIFO, never a directory."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        what = "a dangling symbolic link" if os.path.islink(path) else "no such file"
-        raise error(f"{path}: {what}") from None
-    except IsADirectoryError:
-        raise error(f"{path}: not a regular file (a directory)") from None
-    except OSError as exc:
-        raise error(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "a pipe or device" if not stat.S_ISLNK(mode) else "a link"
-        raise error(f"{path}: not a regular file ({kind})")
-    return fd
-
-
 def read_header(
     path: str | os.PathLike[str], error: type[MacaronError] = AdapterError, limits: Limits = ADAPTER_LIMITS
 ) -> Header:
     """Check and return the header of the GGUF at `path`; `error` (one line) on any bad claim."""
     path = Path(path)
-    fd = _open_regular(path, error)
+    fd = open_regular(path, "", error)  # never blocks on a FIFO, never opens a directory
     try:
         size = os.fstat(fd).st_size
         if size == 0:

@@ -96,8 +96,8 @@ def module_of(key: str) -> tuple[str, str] | None:
 def _targeted(module: str, targets: Any) -> bool:
     if targets is None or targets == ALL_LINEAR:
         return True
-    if isinstance(targets, str):
-        return re.fullmatch(targets, module) is not None or re.fullmatch(targets, module.split(".", 2)[-1]) is not None
+    if isinstance(targets, str):  # PEFT matches a pattern against the whole module name
+        return re.fullmatch(targets, module.removeprefix("base_model.model.")) is not None
     return any(module == t or module.endswith("." + t) for t in targets)
 
 
