@@ -31,6 +31,19 @@ RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
+def template_store(home: Path, base: Path):
+    """The store of a new home whose configured model is the GGUF base `base` (named "tiny")."""
+    from macaron_local.catalog import Catalog
+    from macaron_local.settings import Settings
+    from macaron_local.store import default_store_path, open_store
+
+    settings = Settings.load(home)
+    settings.ensure_dirs()
+    Catalog(settings).add_local("tiny", base)
+    settings.save(model="tiny")
+    return open_store(default_store_path(settings))
+
+
 def scaled(n: int) -> int:
     return max(1, int(n * SCALE))
 

@@ -30,26 +30,19 @@ TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
 
 from conftest import write_random_adapter  # noqa: E402
-from fuzz import Case, judge, run_real  # noqa: E402
+from fuzz import Case, judge, run_real, template_store  # noqa: E402
 from gguf_bombs import ARR, STR, U8, adapter_kvs, gguf_bytes, gstr, kv_str, kv_u32, tensor_info  # noqa: E402
 from safetensors.numpy import save_file  # noqa: E402
 from tinymodels import TinyConfig, build_tiny_model  # noqa: E402
 
 from macaron_local.adapters import LoraAdapter, LoraPair, write_adapter  # noqa: E402
-from macaron_local.catalog import Catalog  # noqa: E402
-from macaron_local.settings import Settings  # noqa: E402
-from macaron_local.store import default_store_path, open_store  # noqa: E402
 
 
 def build_world(root: Path) -> dict:
     model = build_tiny_model(root / "tiny.gguf", TinyConfig(arch="llama"), seed=1)
     foreign = build_tiny_model(root / "qwen3.gguf", TinyConfig(arch="qwen3"), seed=2)
     home = root / "template"
-    settings = Settings.load(home)
-    settings.ensure_dirs()
-    Catalog(settings).add_local("tiny", model.path)
-    settings.save(model="tiny")
-    with open_store(default_store_path(settings)) as store:
+    with template_store(home, model.path) as store:
         cid = store.new_conversation("tiny", "Be brief.")
         q = store.add_message(cid, "user", "hello", None)
         a, _ = store.add_reply(cid, q, "hi", {"model": "tiny", "ttft_ms": 3.0, "total_ms": 9.0})
@@ -125,7 +118,7 @@ def gguf_cases(p: Probe) -> None:
         }
     )
     for name, data in files.items():
-        p.add(f"gguf:{name}", ["adapters", "validate", str(p.file(f"{name}.gguf", data))], timeout=2.0)
+        p.add(f"gguf:{name}", ["adapters", "validate", str(p.file(f"{name}.gguf", data))])
     rng = np.random.default_rng(0)
     for name, scale in (("overflow-float32", 1e20), ("overflow-half", 300.0)):
         pair = LoraPair(np.full((4, inp), scale, np.float32), np.full((out, 4), scale, np.float32))

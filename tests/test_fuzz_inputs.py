@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import random_adapter, write_random_adapter
-from fuzz import SCALE, Case, Tally, record, run_batch, run_real, scaled
+from fuzz import SCALE, Case, Tally, record, run_batch, run_real, scaled, template_store
 from gguf_bombs import write_bombs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -38,11 +38,9 @@ from safetensors.numpy import save_file
 from macaron_local.adapters import BaseModelInfo, read_adapter, validate_adapter, write_adapter
 from macaron_local.adapters.gguf_header import read_header
 from macaron_local.adapters.validate import MAX_UPDATE
-from macaron_local.catalog import Catalog
 from macaron_local.errors import MacaronError
-from macaron_local.settings import Settings
 from macaron_local.settings_schema import check_settings
-from macaron_local.store import default_store_path, open_store
+from macaron_local.store import open_store
 from macaron_local.terminal import printable
 from macaron_local.untrusted import load_json
 
@@ -79,11 +77,7 @@ def world(tiny_model, tmp_path_factory):
     model = tiny_model("llama", False)
     foreign = tiny_model("qwen3", False)
     home = root / "template"
-    settings = Settings.load(home)
-    settings.ensure_dirs()
-    Catalog(settings).add_local("tiny", model.path)
-    settings.save(model="tiny")
-    with open_store(default_store_path(settings)) as store:
+    with template_store(home, model.path) as store:
         for n in range(3):
             cid = store.new_conversation("tiny", "Be brief.")
             question = store.add_message(cid, "user", f"Question {n}: reverse a list in python", None)
