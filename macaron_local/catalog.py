@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,9 @@ from typing import Any
 import tomli_w
 
 from macaron_local.errors import InvalidInputError, ModelError
+from macaron_local.manifest_schema import NAME_PATTERN, check_manifest
 from macaron_local.settings import Settings, write_private_atomic
+from macaron_local.untrusted import load_toml, read_text
 
 #: Macaron's hard-routed experts, in routing-label order.
 SLOTS: dict[str, str] = {"L0": "Chat", "L1": "Agent", "L2": "Coding", "L3": "UI"}
@@ -28,7 +29,6 @@ SOURCE_KINDS = ("package", "huggingface", "path")
 PROFILE_SOURCES = ("github", "package", "path")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 def builtin_manifest_dir() -> Path:
@@ -141,7 +141,7 @@ class Profile:
             if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or "/" in entry["file"]:
                 raise InvalidInputError(f"{where}: files.{role} needs file = a file name")
             sha256 = entry.get("sha256")
-            if sha256 is not None and not (isinstance(sha256, str) and _SHA256.match(sha256)):
+            if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
                 raise InvalidInputError(f"{where}: files.{role}.sha256 must be 64 lowercase hex digits")
             files.append(ProfileFile(role, entry["file"], sha256, entry.get("size")))
         profile = cls(
@@ -155,7 +155,7 @@ class Profile:
             files=tuple(files),
         )
         if source == "github" and (
-            not profile.repo or not _COMMIT.match(profile.revision) or any(f.sha256 is None for f in files)
+            not profile.repo or not _COMMIT.fullmatch(profile.revision) or any(f.sha256 is None for f in files)
         ):
             raise InvalidInputError(
                 f"{where}: files fetched from GitHub must be pinned: repo, revision = a full commit, "
@@ -209,12 +209,8 @@ class Manifest:
     @classmethod
     def from_toml(cls, path: Path, builtin: bool = False) -> Manifest:
         where = str(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidInputError(f"model manifest {where} is unreadable: {exc}") from None
-        if "name" not in data or "base" not in data:
-            raise InvalidInputError(f"model manifest {where} needs 'name' and a [base] table")
+        data = load_toml(read_text(path, "model manifest"), f"model manifest {where}")
+        check_manifest(data, where, tuple(SLOTS))
         experts = {}
         for slot, default_name in SLOTS.items():
             entry = data.get("experts", {}).get(slot, {})
@@ -380,7 +376,7 @@ class Catalog:
         """Register a local GGUF base model under `name` (its header is checked first)."""
         from macaron_local.adapters.validate import BaseModelInfo
 
-        if not NAME_PATTERN.match(name):
+        if not NAME_PATTERN.fullmatch(name):
             raise InvalidInputError(f"model name {name!r} must be lowercase letters, digits, '.', '_' or '-'")
         if any(m.name == name for m in self.manifests()):
             raise InvalidInputError(f"a model named {name!r} already exists")

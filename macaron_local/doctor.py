@@ -41,6 +41,7 @@ def run_checks(settings: Settings, model: str | None = None, load: bool = False)
         checks.append(Check(package, version != "not installed", version))
     checks.append(_backend_check())
     checks.extend(_path_checks(settings))
+    checks.append(_settings_check(settings))
 
     catalog = Catalog(settings)
     try:
@@ -115,6 +116,17 @@ def _path_checks(settings: Settings) -> list[Check]:
         why = "" if ok else (" (not writable)" if not writable else f" (mode {mode:o}; should be 700)")
         checks.append(Check(label, ok, f"{path}{why}"))
     return checks
+
+
+def _settings_check(settings: Settings) -> Check:
+    """The settings file passed its schema when it was loaded; keys it does not know are named."""
+    from macaron_local.settings import DEFAULTS
+    from macaron_local.settings_schema import unknown_keys
+
+    values = settings.configured()
+    unknown = unknown_keys(values, DEFAULTS)
+    note = f"; unknown keys, kept but unused: {', '.join(unknown)}" if unknown else ""
+    return Check("settings", True, f"{settings.settings_file}: {len(values)} key(s) checked{note}")
 
 
 def _load_check(settings: Settings, model: str) -> Check:

@@ -144,7 +144,7 @@ class _HubFile:
         """The manifest's pin, else the hub's LFS ETag (which is the file's sha256)."""
         if self.pinned_sha256:
             return self.pinned_sha256
-        return self.etag if _SHA256.match(self.etag) else None
+        return self.etag if _SHA256.fullmatch(self.etag) else None
 
     @property
     def pull_dir(self) -> Path:
@@ -438,12 +438,12 @@ def _probe(item: _HubFile, hub: _Hub) -> None:
     item.etag, item.commit, item.size = meta.etag, meta.commit_hash, meta.size
     # An LFS file's metadata comes from the hub's redirect (X-Linked-Etag is its sha256);
     # a file kept in git is answered in place and its ETag is the git blob id.
-    item.lfs = bool(_SHA256.match(item.etag)) or not _GIT_OID.match(item.etag)
+    item.lfs = bool(_SHA256.fullmatch(item.etag)) or not _GIT_OID.fullmatch(item.etag)
     item.download_url = meta.location or item.url
     # The hub redirects large files to a signed CDN URL: the token must not follow it there.
     item.send_auth = _origin(item.download_url) == _origin(item.url)
 
-    if item.pinned_sha256 and _SHA256.match(item.etag) and item.etag != item.pinned_sha256:
+    if item.pinned_sha256 and _SHA256.fullmatch(item.etag) and item.etag != item.pinned_sha256:
         raise ModelError(
             f"{item.source.repo} {item.repo_path} on the hub has sha256 {item.etag}, but the "
             f"manifest pins {item.pinned_sha256}: the file changed upstream or the manifest is wrong"
@@ -880,7 +880,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 def _normalize_sha256(value: str) -> str:
     text = value.strip().lower().removeprefix("sha256:")
-    if not _SHA256.match(text):
+    if not _SHA256.fullmatch(text):
         raise ModelError(f"{value!r} is not a sha256 (64 hex digits)")
     return text
 

@@ -20,16 +20,16 @@ never deployed by importing it, so an import cannot change what a chat serves.
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gguf
 
+from macaron_local.adapters.gguf_header import read_header
 from macaron_local.adapters.gguf_lora import LORA_A, LORA_B, field_value
 from macaron_local.adapters.validate import TOKEN_EMBD, AdapterReport, BaseModelInfo, validate_adapter
 from macaron_local.catalog import NAME_PATTERN, SLOTS, Catalog
@@ -37,6 +37,7 @@ from macaron_local.errors import AdapterError, InvalidInputError
 from macaron_local.router import normalize_slot
 from macaron_local.store import Store
 from macaron_local.store.registry import GcReport, Plugin, disk_errors
+from macaron_local.untrusted import load_json, load_toml, open_regular, read_text
 
 MANIFEST_NAMES = ("plugin.toml", "plugin.json")
 MANIFEST_KEYS = ("name", "slot", "expert", "base_model", "description")
@@ -55,15 +56,11 @@ class Imported:
 
 def read_manifest(path: Path) -> dict[str, str]:
     """A plugin manifest (TOML, or JSON for a `.json` file) as a dict of known string keys."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"plugin manifest {path} is unreadable ({exc})") from None
-    try:
-        data: Any = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
-        raise InvalidInputError(f"plugin manifest {path} is not valid {kind} ({exc})") from None
+    text = read_text(path, "plugin manifest")
+    if path.suffix.lower() == ".json":
+        data: Any = load_json(text, f"plugin manifest {path}")
+    else:
+        data = load_toml(text, f"plugin manifest {path}")
     if not isinstance(data, dict):
         raise InvalidInputError(f"plugin manifest {path} must be a table of keys")
     unknown = sorted(set(data) - set(MANIFEST_KEYS))
@@ -79,14 +76,14 @@ def read_manifest(path: Path) -> dict[str, str]:
 
 def locate(source: Path) -> tuple[str, Path]:
     """What `source` is: ("gguf", the file) or ("peft", the directory)."""
-    if source.is_file():
-        return "gguf", source
     if not source.is_dir():
-        raise InvalidInputError(f"{source}: no such file or directory")
+        os.close(open_regular(source, "plugin"))  # a FIFO, socket or dangling link is refused here
+        return "gguf", source
     if (source / PEFT_CONFIG).is_file():
         return "peft", source
     ggufs = sorted(source.glob("*.gguf"))
     if len(ggufs) == 1:
+        os.close(open_regular(ggufs[0], "plugin"))  # e.g. a directory or FIFO named x.gguf
         return "gguf", ggufs[0]
     if ggufs:
         raise InvalidInputError(f"{source} holds {len(ggufs)} .gguf files; name the one to import")
@@ -114,7 +111,7 @@ def resolve_slot(value: str | None, *, new_expert_ok: bool = True) -> tuple[str,
     except InvalidInputError:
         if not new_expert_ok or re.fullmatch(r"[Ll]\d+", value):
             raise  # "L7" is a mistyped slot, not a new expert
-    if not NAME_PATTERN.match(value):
+    if not NAME_PATTERN.fullmatch(value):
         raise InvalidInputError(
             f"a new expert's name must be lowercase letters, digits, '.', '_' or '-' (got {value!r})"
         )
@@ -124,10 +121,10 @@ def resolve_slot(value: str | None, *, new_expert_ok: bool = True) -> tuple[str,
 def _plugin_name(name: str | None, source: Path) -> str:
     if name is None:
         stem = source.name.removesuffix(".gguf").lower().replace(" ", "-")
-        if not NAME_PATTERN.match(stem):
+        if not NAME_PATTERN.fullmatch(stem):
             raise InvalidInputError(f"cannot make a plugin name from {source.name!r}; give one with --name")
         return stem
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise InvalidInputError(f"plugin name {name!r} must be lowercase letters, digits, '.', '_' or '-'")
     return name
 
@@ -135,10 +132,7 @@ def _plugin_name(name: str | None, source: Path) -> str:
 def own_shapes(path: Path) -> BaseModelInfo:
     """A stand-in base built from the adapter's own pair shapes, for when the real base is not
     on this machine: `validate_adapter` against it checks everything but the fit to the base."""
-    with path.open("rb") as handle:
-        head = handle.read(8)
-    if len(head) < 8 or head[:4] != b"GGUF":
-        raise AdapterError(f"{path}: not a GGUF file (bad magic or too short)")
+    read_header(path)  # every count, length and offset checked before gguf-py reads the file
     try:
         reader = gguf.GGUFReader(str(path))
         arch = field_value(reader, "general.architecture")
@@ -205,7 +199,13 @@ def import_plugin(
                 adapter_path = convert_peft_dir(
                     source, base, Path(tmp) / f"{plugin_name}.gguf", dtype=PEFT_DTYPE, task_name=plugin_name
                 )
-        report = validate_adapter(adapter_path, base or own_shapes(adapter_path))
+        stand_in = own_shapes(adapter_path) if base is None else None
+        if stand_in is not None and model.architecture and stand_in.architecture != model.architecture:
+            raise AdapterError(
+                f"{adapter_path}: adapter is for architecture {stand_in.architecture!r} "
+                f"but {model.name} is {model.architecture!r}"
+            )
+        report = validate_adapter(adapter_path, base or stand_in)
         recorded = {
             **fields,
             "name": plugin_name,

@@ -7,8 +7,9 @@ folder and nothing escapes it. Without it, paths come from platformdirs.
 
 from __future__ import annotations
 
+import errno
 import os
-import tomllib
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import platformdirs
 import tomli_w
 
-from macaron_local.errors import InvalidInputError
+from macaron_local.errors import InvalidInputError, MacaronError
+from macaron_local.settings_schema import check_setting, check_settings
+from macaron_local.untrusted import load_toml, read_text
 
 APP_NAME = "macaron-local"
 HOME_ENV = "MACARON_HOME"
@@ -36,9 +39,27 @@ DEFAULTS: dict[str, Any] = {
 
 
 def _private_dir(path: Path) -> Path:
-    """Create `path` (and parents) with mode 0700: the user's data is nobody else's."""
-    path.mkdir(parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    """Create `path` (and parents) with mode 0700: the user's data is nobody else's.
+
+    An existing folder is only tightened when group or others can reach it, and never made
+    writable: a folder the user made read-only stays read-only, and read-only commands work.
+    A file in the way, or a place that cannot be written, is one clear line."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise InvalidInputError(
+            f"{path} must be a folder, but {blocker} is a file; move it or set {HOME_ENV} to a folder"
+        ) from None
+    except OSError as exc:
+        why = "read-only" if exc.errno == errno.EROFS else exc.strerror or str(exc)
+        raise MacaronError(f"cannot create the folder {path} ({why}); set {HOME_ENV} to a writable folder") from None
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            os.chmod(path, mode & 0o700)
+    except OSError:
+        pass  # not ours to change (a read-only mount): `macaron doctor` reports its mode
     return path
 
 
@@ -96,16 +117,21 @@ class Settings:
         return self.values.get(key, DEFAULTS.get(key))
 
     def _read_file(self) -> dict[str, Any]:
-        if not self.settings_file.exists():
+        """The settings file's values, refused (naming the key) unless every known key fits the
+        schema; a directory, FIFO or deeply nested file in its place is one clear line."""
+        path = self.settings_file
+        if not os.path.lexists(path):
             return {}
-        try:
-            return tomllib.loads(self.settings_file.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidInputError(f"settings file {self.settings_file} is not valid TOML: {exc}") from None
+        where = f"settings file {path}"
+        values = load_toml(read_text(path, "settings file"), where)
+        check_settings(values, where, DEFAULTS)
+        return values
 
     def save(self, **changes: Any) -> None:
         """Write changed values to the settings file atomically (temp file + rename)."""
         current = self._read_file()
+        for key, value in changes.items():
+            check_setting(key, value, f"setting {key}", DEFAULTS)
         current.update(changes)
         self.values.update(changes)
         _private_dir(self.config_dir)

@@ -21,6 +21,7 @@ import numpy as np
 
 from macaron_local.adapters import qwen35moe
 from macaron_local.adapters.gguf_lora import PlannedPair, Progress, permute_llama_qk_rows, write_planned
+from macaron_local.adapters.peft_config import check_config, check_output, check_tensors, read_config
 from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
 from macaron_local.errors import AdapterError
 
@@ -105,6 +106,7 @@ def qk_permuted_heads(base: BaseModelInfo, tensor: str) -> int | None:
     return getattr(base, key) if key else None
 
 
+@np.errstate(all="ignore")  # overflow in untrusted values is checked and reported, never warned
 def convert_peft_dir(
     peft_dir: str | os.PathLike[str],
     base: BaseModelInfo,
@@ -123,8 +125,10 @@ def convert_peft_dir(
     config_path, weights_path = peft_dir / CONFIG_FILE, peft_dir / WEIGHTS_FILE
     if not config_path.is_file() or not weights_path.is_file():
         raise AdapterError(f"{peft_dir}: a PEFT adapter needs {CONFIG_FILE} and {WEIGHTS_FILE}")
+    check_output(out_path)
+    config = read_config(config_path)  # an object of standard JSON, or one line
+    check_config(config, peft_dir)
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
         weights = SafetensorsFile(weights_path)
     except AdapterError:
         raise
@@ -135,8 +139,15 @@ def convert_peft_dir(
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise AdapterError(f"{peft_dir}: peft_type {config.get('peft_type')!r} is not LORA")
 
+    # Structure from the header alone (pairs, ranks, targets); values are checked as each tensor
+    # is encoded, so the file is never held in memory whole.
+    check_tensors(config, {name: weights.shape(name) for name in weights.names()}, peft_dir)
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
-    planned = plan_conversion(config, weights, base, peft_dir)
+    try:
+        planned = plan_conversion(config, weights, base, peft_dir)
+    except (ValueError, IndexError, ZeroDivisionError) as exc:  # a shape the base's layout cannot take
+        why = " ".join(str(exc).split())[:160]
+        raise AdapterError(f"{peft_dir}: tensor shapes do not fit the base model ({why})") from None
     out_path = Path(out_path)
     tmp = out_path.with_name(f".{out_path.name}.unvalidated")
     try:

@@ -9,8 +9,8 @@ one line that says what is wrong.
 
 from __future__ import annotations
 
+import math
 import os
-import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +18,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from macaron_local.adapters.gguf_header import ADAPTER_LIMITS, MODEL_LIMITS, read_header
 from macaron_local.adapters.gguf_lora import LORA_A, LORA_B, STORAGE_TYPES, field_value, read_tensor_values
 from macaron_local.errors import AdapterError, MacaronError, ModelError
 
@@ -58,28 +59,23 @@ class BaseModelInfo:
 
 @lru_cache(maxsize=8)
 def _base_info_cached(path: Path, size: int, mtime_ns: int) -> BaseModelInfo:
-    _check_header(path, ModelError)
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # gguf-py raises many kinds on corrupt input
-        raise ModelError(f"base model {path} is not a readable GGUF file ({_why(exc)})") from None
-    arch = field_value(reader, "general.architecture")
+    # The bounded header reader has everything a base's description needs, in a fraction of a
+    # second; gguf-py reads every tokenizer entry one by one (~12 s for the embedded model here).
+    header = read_header(path, ModelError, MODEL_LIMITS)
+    arch = header.value("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"base model {path} has no general.architecture")
-    tensors = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+    tensors = {t.name: tuple(int(d) for d in reversed(t.dims)) for t in header.tensors}
 
     def meta_int(key: str) -> int:
-        value = field_value(reader, f"{arch}.{key}")
-        if isinstance(value, list):  # per-layer arrays (some archs): take the first
-            value = value[0] if value else 0
-        return int(value) if isinstance(value, (int, float)) else 0
+        value = header.value(f"{arch}.{key}")  # per-layer arrays (some archs): the first
+        return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0
 
     hparams = {}
-    for key in reader.fields:
-        if key.startswith(f"{arch}."):
-            value = field_value(reader, key)
-            if isinstance(value, int) and not isinstance(value, bool):
-                hparams[key.removeprefix(f"{arch}.")] = value
+    for key, (kind, value) in header.kv.items():
+        scalar = kind != gguf.GGUFValueType.ARRAY and isinstance(value, int) and not isinstance(value, bool)
+        if key.startswith(f"{arch}.") and scalar:
+            hparams[key.removeprefix(f"{arch}.")] = value
     return BaseModelInfo(
         path=path,
         architecture=arch,
@@ -87,8 +83,8 @@ def _base_info_cached(path: Path, size: int, mtime_ns: int) -> BaseModelInfo:
         n_head=meta_int("attention.head_count"),
         n_head_kv=meta_int("attention.head_count_kv") or meta_int("attention.head_count"),
         n_layer=meta_int("block_count"),
-        name=str(field_value(reader, "general.name") or path.stem),
-        kind=str(field_value(reader, "general.type") or "model"),
+        name=str(header.value("general.name") or path.stem),
+        kind=str(header.value("general.type") or "model"),
         hparams=hparams,
     )
 
@@ -117,20 +113,10 @@ def _why(exc: BaseException) -> str:
 
 
 def _check_header(path: Path, error: type[MacaronError] = AdapterError) -> None:
-    """Cheap checks that need no parser: exists, is a file, big enough, GGUF magic, version."""
-    if not path.exists():
-        raise error(f"{path}: no such file")
-    if not path.is_file():
-        raise error(f"{path}: not a regular file")
-    if path.stat().st_size == 0:
-        raise error(f"{path}: empty file")
-    with path.open("rb") as handle:
-        head = handle.read(GGUF_MIN_BYTES)
-    if len(head) < GGUF_MIN_BYTES or head[:4] != GGUF_MAGIC:
-        raise error(f"{path}: not a GGUF file (bad magic or too short)")
-    version = struct.unpack("<I", head[4:8])[0]
-    if version not in (2, 3):
-        raise error(f"{path}: unsupported GGUF version {version}")
+    """Every count, length and offset of the header checked against the file before gguf-py
+    reads it (adapters/gguf_header.py): regular file, magic, version, bounded arrays, tensor
+    regions in order and inside the file."""
+    read_header(path, error, ADAPTER_LIMITS if error is AdapterError else MODEL_LIMITS)
 
 
 def _open(path: Path) -> gguf.GGUFReader:
@@ -236,6 +222,55 @@ def all_finite(tensor: gguf.ReaderTensor) -> bool:
     return bool(np.isfinite(read_tensor_values(tensor)).all())
 
 
+#: The largest |value| each block type's integers reach, per unit of its scale d (values are
+#: d * q, or d * q + m for the _1 types).
+_BLOCK_QMAX = {
+    gguf.GGMLQuantizationType.Q8_0: 128,
+    gguf.GGMLQuantizationType.Q4_0: 8,
+    gguf.GGMLQuantizationType.Q5_0: 16,
+    gguf.GGMLQuantizationType.Q4_1: 15,
+    gguf.GGMLQuantizationType.Q5_1: 31,
+}
+
+
+def peak_abs(tensor: gguf.ReaderTensor) -> float:
+    """An upper bound on max |value| of a finite tensor, from its block scales for the block types
+    (exact for the float types), again without dequantizing."""
+    raw = np.asarray(tensor.data)
+    qtype = tensor.tensor_type
+    if qtype in _BLOCK_SCALES:
+        _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        blocks = raw.view(np.uint8).reshape(-1, block_bytes)
+        scales = np.abs(np.ascontiguousarray(blocks[:, : 2 * _BLOCK_SCALES[qtype]]).view(np.float16).astype(np.float64))
+        if scales.size == 0:
+            return 0.0
+        bound = scales[:, 0] * _BLOCK_QMAX[qtype] + (scales[:, 1] if _BLOCK_SCALES[qtype] == 2 else 0.0)
+        return float(bound.max())
+    values = raw.view(np.float32) if qtype == gguf.GGMLQuantizationType.F32 else None
+    if qtype == gguf.GGMLQuantizationType.F16:
+        values = raw.view(np.float16)
+    if values is None:
+        values = read_tensor_values(tensor)
+    return float(np.abs(values).max(initial=0.0))
+
+
+#: The largest weight update a pair may add: what half precision holds (llama.cpp's GPU backends
+#: compute in it), far beyond any trained LoRA (updates there are below ~10).
+MAX_UPDATE = 65504.0
+
+
+def _check_update_range(path: Path, name: str, alpha: float, peak_a: float, peak_b: float) -> None:
+    """Finite values can still multiply past float32: every element of (alpha / rank) * B @ A is
+    at most alpha * max|A| * max|B| (rank terms, each at most max|A| * max|B|), so bounding that
+    keeps the update llama.cpp adds finite without forming the product."""
+    bound = alpha * peak_a * peak_b
+    if not bound <= MAX_UPDATE:
+        raise AdapterError(
+            f"{path}: {name}'s update can reach {bound:.3g} (alpha {alpha:g} x max|A| {peak_a:.3g} x max|B| "
+            f"{peak_b:.3g}); at most {MAX_UPDATE:g} is allowed"
+        )
+
+
 def validate_adapter(path: str | os.PathLike[str], base: BaseModelInfo, *, check_values: bool = True) -> AdapterReport:
     """Raise AdapterError unless `path` is a LoRA adapter llama.cpp can safely apply to `base`.
 
@@ -244,7 +279,8 @@ def validate_adapter(path: str | os.PathLike[str], base: BaseModelInfo, *, check
     """
     path = Path(path)
     try:
-        return _validate(path, base, check_values)
+        with np.errstate(all="ignore"):  # overflow in untrusted values is reported, never warned
+            return _validate(path, base, check_values)
     except AdapterError:
         raise
     except Exception as exc:
@@ -282,9 +318,12 @@ def _validate(path: Path, base: BaseModelInfo, check_values: bool) -> AdapterRep
         b_shape = tuple(int(d) for d in reversed(pair["b"].shape.tolist()))
         rank = _check_pair_shapes(path, name, base.tensors[name], a_shape, b_shape)
         if check_values:
+            peaks = []
             for half in ("a", "b"):
                 if not all_finite(pair[half]):
                     raise AdapterError(f"{path}: {pair[half].name} holds NaN or infinite values")
+                peaks.append(peak_abs(pair[half]))
+            _check_update_range(path, name, alpha, *peaks)
         ranks.add(rank)
 
     return AdapterReport(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from macaron_local import __version__
 from macaron_local.errors import MacaronError
+from macaron_local.terminal import printable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except MacaronError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(exc)}", file=sys.stderr)  # file-borne names never drive the terminal
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -9,6 +9,7 @@ from macaron_local.adapters import STORAGE_TYPES, BaseModelInfo, validate_adapte
 from macaron_local.catalog import Catalog
 from macaron_local.cli.common import add_model_option, load_settings, print_json
 from macaron_local.errors import InvalidInputError
+from macaron_local.terminal import printable
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -63,7 +64,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _base(model: str | None) -> BaseModelInfo:
-    catalog = Catalog(load_settings())
+    catalog = Catalog(load_settings(readonly=True))
     manifest = catalog.get(model) if model else catalog.default()
     return BaseModelInfo.from_gguf(catalog.base_path(manifest))
 
@@ -83,7 +84,7 @@ def run_validate(args: argparse.Namespace) -> int:
             }
         )
     else:
-        print(f"ok: {args.file}: {report.summary()}")
+        print(printable(f"ok: {args.file}: {report.summary()}"))
     return 0
 
 
@@ -108,7 +109,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def _model_name(model: str | None) -> str:
-    catalog = Catalog(load_settings())
+    catalog = Catalog(load_settings(readonly=True))
     return (catalog.get(model) if model else catalog.default()).name
 
 
@@ -118,7 +119,7 @@ def run_list(args: argparse.Namespace) -> int:
 
     base_model = _model_name(args.model)
     slot = normalize_slot(args.slot) if args.slot else None
-    with open_default_store(load_settings()) as store:
+    with open_default_store(load_settings(readonly=True), readonly=True) as store:
         if args.limit < 0:
             raise InvalidInputError("--limit must be 0 (all) or more")
         versions = store.adapter_versions(slot=slot, base_model=base_model, newest=args.limit or None)
@@ -141,7 +142,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     from macaron_local.store import open_default_store
 
-    with open_default_store(load_settings()) as store:
+    with open_default_store(load_settings(readonly=True), readonly=True) as store:
         print_json(vars(store.adapter_version(args.version)))
     return 0
 
@@ -164,8 +165,8 @@ def run_diff(args: argparse.Namespace) -> int:
     from macaron_local.adapters.diff import diff_adapters
     from macaron_local.store import open_default_store
 
-    settings = load_settings()
-    with open_default_store(settings) as store:
+    settings = load_settings(readonly=True)
+    with open_default_store(settings, readonly=True) as store:
         new = store.adapter_version(args.version)
         against = args.against or new.parent_id
         old = store.adapter_version(against) if against else None

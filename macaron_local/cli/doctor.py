@@ -10,6 +10,7 @@ import argparse
 
 from macaron_local.cli.common import add_model_option, load_settings, print_json
 from macaron_local.doctor import learning_lines, learning_section, run_checks
+from macaron_local.terminal import printable
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = load_settings()
+    settings = load_settings(readonly=not args.load)
     checks = run_checks(settings, model=args.model, load=args.load)
     learning = learning_section(settings)  # reported, never a failure: learning is the user's choice
     if args.json:
@@ -30,6 +31,6 @@ def run(args: argparse.Namespace) -> int:
         width = max(len(c.name) for c in checks)
         for check in checks:
             mark = "ok  " if check.ok else "FAIL"
-            print(f"{mark} {check.name:<{width}}  {check.detail}")
-        print("\n".join(learning_lines(learning)))
+            print(printable(f"{mark} {check.name:<{width}}  {check.detail}"))
+        print(printable("\n".join(learning_lines(learning))))
     return 0 if all(c.ok for c in checks) else 1

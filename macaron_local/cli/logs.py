@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from macaron_local.cli.common import load_settings, print_json
 from macaron_local.errors import InvalidInputError
 from macaron_local.settings import write_private_atomic
 from macaron_local.store import Conversation, Message, Store, open_default_store
+from macaron_local.terminal import printable
+from macaron_local.untrusted import open_regular
 
 RATING_MARKS = {1: "+1", -1: "-1"}
 
@@ -46,8 +49,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     load.set_defaults(func=run_import)
 
 
-def _open() -> Store:
-    return open_default_store(load_settings())
+def _open(*, readonly: bool = True) -> Store:
+    """The store; only `import` writes, so every other action opens it read-only."""
+    return open_default_store(load_settings(readonly=readonly), readonly=readonly)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -62,7 +66,8 @@ def run_list(args: argparse.Namespace) -> int:
         print("no conversations yet")
     for row in rows:
         when = row.updated_at[:16].replace("T", " ")
-        print(f"{row.id}  {when}  {row.model or '-':<10} {row.messages:>4} msgs  {row.title or '(untitled)'}")
+        line = f"{row.id}  {when}  {row.model or '-':<10} {row.messages:>4} msgs  {row.title or '(untitled)'}"
+        print(printable(line))
     return 0
 
 
@@ -72,7 +77,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(conversation.to_dict())
     else:
-        sys.stdout.write(render_branch(conversation))
+        sys.stdout.write(printable(render_branch(conversation), keep_newlines=True))
     return 0
 
 
@@ -141,7 +146,8 @@ def run_search(args: argparse.Namespace) -> int:
         print("no matches")
     for hit in hits:
         snippet = " ".join(hit.snippet.split())
-        print(f"{hit.conversation_id}  {hit.role:<9} {hit.title or '(untitled)'}\n    {snippet}")
+        print(printable(f"{hit.conversation_id}  {hit.role:<9} {hit.title or '(untitled)'}"))
+        print(f"    {printable(snippet)}")
     return 0
 
 
@@ -166,12 +172,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    # A regular file only: a FIFO would block, a directory or dangling link would be a traceback.
+    handle = sys.stdin.buffer if args.file == "-" else os.fdopen(open_regular(args.file, "cannot read"), "rb")
     try:
-        handle = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
-    except OSError as exc:
-        raise InvalidInputError(f"cannot read {args.file}: {exc.strerror or exc}") from None
-    try:
-        with _open() as store:
+        with _open(readonly=False) as store:
             result = store.import_jsonl(handle)
     finally:
         if handle is not sys.stdin.buffer:

@@ -6,6 +6,7 @@ import argparse
 
 from macaron_local.catalog import Catalog
 from macaron_local.cli.common import load_settings, print_json
+from macaron_local.terminal import printable
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -34,7 +35,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    settings = load_settings()
+    settings = load_settings(readonly=True)
     catalog = Catalog(settings)
     default = settings.get("model")
     rows = []
@@ -60,7 +61,7 @@ def run_list(args: argparse.Namespace) -> int:
         mark = "*" if row["default"] else " "
         state = "here" if row["present"] else "not downloaded"
         adapters = sum(1 for p in row["experts"].values() if p)
-        print(f"{mark} {row['name']:<12} {state:<15} {adapters}/4 expert adapters  {row['description']}")
+        print(printable(f"{mark} {row['name']:<12} {state:<15} {adapters}/4 expert adapters  {row['description']}"))
     return 0
 
 
@@ -108,11 +109,11 @@ def _dry_run(catalog: Catalog, args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from macaron_local.doctor import verify_model
 
-    catalog = Catalog(load_settings())
+    catalog = Catalog(load_settings(readonly=True))
     manifest = catalog.get(args.name) if args.name else catalog.default()
     checks = verify_model(catalog, manifest, check_hash=True)
     for check in checks:
-        print(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+        print(printable(f"{'ok  ' if check.ok else 'FAIL'} {check.name}: {check.detail}"))
     return 0 if all(c.ok for c in checks) else 1
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from macaron_local.cli.common import load_settings, print_json
 from macaron_local.store.registry import Plugin
+from macaron_local.terminal import printable
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -64,15 +65,19 @@ def run_import(args: argparse.Namespace) -> int:
         if plugin.validated
         else f"structure checked; {plugin.base_model} is not on this machine, so the fit is checked when it loads"
     )
-    print(f"imported plugin {plugin.name} for {_target(plugin)} on {plugin.base_model} as version {plugin.version_id}")
-    print(f"  {imported.report.summary()}; {checked}")
+    print(
+        printable(
+            f"imported plugin {plugin.name} for {_target(plugin)} on {plugin.base_model} as version {plugin.version_id}"
+        )
+    )
+    print(printable(f"  {imported.report.summary()}; {checked}"))
     return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
     from macaron_local.store import open_default_store
 
-    with open_default_store(load_settings()) as store:
+    with open_default_store(load_settings(readonly=True), readonly=True) as store:
         plugins = store.plugins()
     if args.json:
         print_json([as_json(p) for p in plugins])
@@ -83,7 +88,10 @@ def run_list(args: argparse.Namespace) -> int:
     for p in plugins:
         checked = "checked" if p.validated else "unchecked"
         print(
-            f"{p.name:<24} {_target(p):<20} {p.base_model:<12} {p.format:<4} rank {p.rank:<3} {checked}  {p.version_id}"
+            printable(
+                f"{p.name:<24} {_target(p):<20} {p.base_model:<12} {p.format:<4} rank {p.rank:<3} {checked}  "
+                f"{p.version_id}"
+            )
         )
     return 0
 

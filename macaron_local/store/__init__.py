@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from macaron_local.settings import Settings
-from macaron_local.store.connection import DEFAULT_BUSY_TIMEOUT_MS, connect
+from macaron_local.store.connection import DEFAULT_BUSY_TIMEOUT_MS, connect, connect_readonly
 from macaron_local.store.db import Store
 from macaron_local.store.errors import StoreError
 from macaron_local.store.models import (
@@ -54,17 +54,20 @@ __all__ = [
 ]
 
 
-def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:
-    """Open (or create) the store at `path`: folder 0700, files 0600, WAL, migrated."""
+def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, readonly: bool = False) -> Store:
+    """Open (or create) the store at `path`: folder 0700, files 0600, WAL, migrated.
+    `readonly`: only read it (nothing created or written; a missing store reads as empty)."""
     path = Path(path)
-    return Store(connect(path, busy_timeout_ms=busy_timeout_ms), path)
+    opener = connect_readonly if readonly else connect
+    return Store(opener(path, busy_timeout_ms=busy_timeout_ms), path)
 
 
 def default_store_path(settings: Settings) -> Path:
     return settings.data_dir / STORE_FILENAME
 
 
-def open_default_store(settings: Settings) -> Store:
-    """The user's store, in the data directory (created 0700 first)."""
-    settings.ensure_dirs()
-    return open_store(default_store_path(settings))
+def open_default_store(settings: Settings, *, readonly: bool = False) -> Store:
+    """The user's store, in the data directory (created 0700 first, unless only reading)."""
+    if not readonly:
+        settings.ensure_dirs()
+    return open_store(default_store_path(settings), readonly=readonly)

@@ -13,6 +13,7 @@ import errno
 import os
 import sqlite3
 import stat
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from filelock import FileLock, Timeout
 from sqlite_utils import Database
 
 from macaron_local.store.errors import StoreError, sqlite_errors
-from macaron_local.store.migrations import check_not_newer, migrate
+from macaron_local.store.migrations import MIGRATIONS, applied_migrations, check_not_newer, migrate
 
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 
@@ -46,6 +47,50 @@ def connect(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Da
             conn.close()
             raise
     tighten_sidecars(path)
+    return db
+
+
+def connect_readonly(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Database:
+    """Open the store only to read it: nothing is created, chmod-ed, migrated or probed, so
+    `logs list` and friends work on a read-only folder or mount.
+
+    A store that does not exist yet reads as an empty one (an in-memory database, migrated). A
+    store that needs a migration is opened the writing way, which migrates it or says in one
+    line why it cannot."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        db = Database(sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False), execute_plugins=False)
+        migrate(db)
+        return db
+    if path.is_dir():
+        raise StoreError(f"cannot open the store {path}: it is a directory, not a database file")
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    with sqlite_errors(path):
+        conn = sqlite3.connect(
+            uri, uri=True, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+        )
+        try:
+            try:
+                conn.execute("PRAGMA schema_version").fetchone()
+            except sqlite3.OperationalError:
+                # A WAL store needs its -shm file, which a read-only folder cannot take. Nothing
+                # can write there either, so the file cannot change under us: read it immutable.
+                if os.access(path.parent, os.W_OK):
+                    raise
+                conn.close()
+                conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+            db = Database(conn, execute_plugins=False)
+            db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            db.execute("PRAGMA schema_version").fetchone()
+            check_not_newer(db)
+            db.execute("PRAGMA foreign_keys = ON")
+            pending = set(m.__name__ for m in MIGRATIONS) - set(applied_migrations(db))
+        except BaseException:
+            conn.close()
+            raise
+    if pending:
+        conn.close()
+        return connect(path, busy_timeout_ms=busy_timeout_ms)
     return db
 
 

@@ -8,6 +8,7 @@ should have checked first, bad SQL) are left alone, so they still surface as tra
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,10 +45,28 @@ def describe(exc: sqlite3.Error, path: Path) -> StoreError | None:
     if name.startswith("SQLITE_CORRUPT") or "malformed" in text:
         return StoreError(f"the store {path} is damaged ({text}); restore it from a backup or an export")
     if name.startswith("SQLITE_FULL") or "disk is full" in text:
+        free = _free_bytes(path)
+        if free is not None and free > ROOM_TO_WRITE:
+            # SQLite says "full" too when AUTOINCREMENT has no id left to give (a row at 2^63 - 1).
+            return StoreError(
+                f"the store {path} is full, not its disk ({free / 1e9:.1f} GB free): it cannot take new rows "
+                "(a row id or its size reached SQLite's limit); nothing was changed"
+            )
         return StoreError(f"the disk holding {path} is full; free some space (nothing was changed)")
     if name.startswith("SQLITE_IOERR") or "disk I/O error" in text:
         return StoreError(f"input/output error on the store {path} ({text})")
     return None
+
+
+#: Free space above which "database or disk is full" cannot mean the disk.
+ROOM_TO_WRITE = 64 << 20
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(Path(path).parent).free
+    except OSError:
+        return None
 
 
 @contextmanager

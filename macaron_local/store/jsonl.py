@@ -9,6 +9,7 @@ then written in one transaction; any bad line is reported by number and nothing 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from sqlite_utils import Database
 from macaron_local.errors import InvalidInputError
 from macaron_local.store.models import FEEDBACK_KINDS, ROLES, TURN_FIELDS, ImportResult
 from macaron_local.store.rows import dump_json
+from macaron_local.untrusted import load_json
 
 RECORD_TYPE = "macaron-local/conversation"
 FORMAT_VERSION = 1
@@ -26,6 +28,9 @@ CONVERSATION_KEYS = ("id", "title", "model", "system_prompt", "created_at", "upd
 MESSAGE_KEYS = ("id", "parent_id", "role", "content", "created_at")
 TURN_KEYS = ("id", "message_id", *TURN_FIELDS, "created_at")
 FEEDBACK_KEYS = ("id", "message_id", "kind", "value", "text", "created_at")
+#: The largest feedback id an import may keep. Ids above it are reserved: a row at SQLite's
+#: limit (2^63 - 1) would leave AUTOINCREMENT no id to give the next correction.
+MAX_IMPORTED_ID = 2**53 - 1
 
 
 # ----------------------------------------------------------------- export
@@ -41,8 +46,27 @@ def export(db: Database, out: TextIO, conversation_ids: Sequence[str] | None = N
         if missing:
             raise InvalidInputError(f"no conversation with id {', '.join(missing)}")
     for cid in ids:
-        out.write(json.dumps(_record(db, cid), ensure_ascii=False, separators=(",", ":")) + "\n")
+        out.write(_standard_json(_record(db, cid)) + "\n")
     return len(ids)
+
+
+def _standard_json(record: dict[str, Any]) -> str:
+    """One line of standard JSON: a non-finite timing stored by an older version becomes null
+    instead of the `NaN`/`Infinity` tokens other JSON readers refuse."""
+    try:
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(record), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _record(db: Database, cid: str) -> dict[str, Any]:
@@ -88,10 +112,9 @@ def parse(inp: IO[bytes] | IO[str]) -> list[Record]:
     for line, text in _lines(inp):
         if not text.strip():
             continue
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidInputError(f"line {line}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        # Standard JSON only, nested at most untrusted.MAX_DEPTH, integers within SQLite's 64 bits,
+        # no NaN/Infinity (SQLite would store them as NULL), no lone surrogates (SQLite cannot store them).
+        data = load_json(text, f"line {line}")
         records.append(_check_record(data, line))
     return records
 
@@ -231,8 +254,8 @@ def _check_record(data: Any, line: int) -> Record:
             raise check.fail(f"feedback {f['id']} has an unknown kind {f['kind']!r}")
         if f["value"] not in (None, 1, -1) or (f["kind"] == "rating") != (f["value"] is not None):
             raise check.fail(f"feedback {f['id']} has an invalid value {f['value']!r}")
-        if f["id"] <= 0:
-            raise check.fail(f"feedback id {f['id']} must be positive")
+        if not 0 < f["id"] <= MAX_IMPORTED_ID:
+            raise check.fail(f"feedback id {f['id']} must be from 1 to {MAX_IMPORTED_ID} (larger ids are reserved)")
     return Record(line, conversation, _parents_first(messages, check), turns, feedback)
 
 

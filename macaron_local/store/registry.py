@@ -135,7 +135,7 @@ def _versions(db: Database, sql: str, params: Sequence[Any]) -> list[AdapterVers
 def _check_tags(tags: Iterable[str]) -> list[str]:
     out = []
     for tag in tags:
-        if not isinstance(tag, str) or not TAG_PATTERN.match(tag):
+        if not isinstance(tag, str) or not TAG_PATTERN.fullmatch(tag):
             raise InvalidInputError(f"a tag is 1 to 128 characters without spaces (got {tag!r})")
         out.append(tag)
     return out
