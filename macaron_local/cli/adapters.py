@@ -4,6 +4,7 @@ for a base model, and inspect or move the registry's versions of the user's own 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from macaron_local.adapters import STORAGE_TYPES, BaseModelInfo, validate_adapter
 from macaron_local.catalog import Catalog
@@ -97,10 +98,12 @@ def run_convert(args: argparse.Namespace) -> int:
     def progress(done: int, total: int, tensor: str) -> None:
         nonlocal bar
         bar = bar or ProgressBar(total, label="converting")
-        bar.update(done, tensor)
+        bar.update(done, printable(tensor))  # tensor names come from the file
 
+    # A bar on a terminal only: piped, the output stays the one result line (or one error line).
+    shown = progress if sys.stderr.isatty() else None
     try:
-        out = convert_peft_dir(args.peft_dir, _base(args.model), args.output, dtype=args.dtype, progress=progress)
+        out = convert_peft_dir(args.peft_dir, _base(args.model), args.output, dtype=args.dtype, progress=shown)
     finally:
         if bar is not None:
             bar.finish()
