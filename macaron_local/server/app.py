@@ -66,6 +66,8 @@ def response_for(exc: BaseException) -> JSONResponse:
         return error_response(404, str(exc), "not_found_error")
     if isinstance(exc, BadRequestError | InvalidInputError):
         return error_response(400, str(exc), "invalid_request_error")
+    if isinstance(exc, ConnectionAbortedError):
+        return error_response(400, str(exc), "invalid_request_error")  # nobody is left to read it
     if isinstance(exc, MacaronError):
         return error_response(500, str(exc), "server_error")
     log.exception("request failed", exc_info=exc)
@@ -140,7 +142,7 @@ class ChatAPI:
             self.admission.leave,
         )
         try:
-            kind, value = await events.get()  # queued until the turn starts: errors keep their status
+            kind, value = await self.first_event(request, events, turn.cancel)
         except asyncio.CancelledError:
             turn.cancel.set()
             raise
@@ -162,6 +164,18 @@ class ChatAPI:
             return response_for(exc)
         self.remember(completion_id, result.message_id)
         return JSONResponse(reply.whole(result), headers={**headers, "X-Macaron-Message-Id": result.message_id or ""})
+
+    @staticmethod
+    async def first_event(request: Request, events: asyncio.Queue, cancel: threading.Event) -> tuple[str, Any]:
+        """Wait while the turn is queued (its errors keep their HTTP status); a client that
+        leaves meanwhile gives up its place, so the worker never answers nobody."""
+        waiting = asyncio.ensure_future(events.get())
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=0.25)
+            if done:
+                return waiting.result()
+            if not cancel.is_set() and await request.is_disconnected():
+                cancel.set()  # the worker skips the turn, or stops it at its next token
 
     def turn_request(
         self, request: Request, body: ChatCompletionRequest, model_ids: list[str]
