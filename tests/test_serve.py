@@ -41,7 +41,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("serve-home")
     server = start_server(root, "--queue", str(QUEUE), "--max-tokens", "64")
     yield server, root
-    server.stop()
+    stderr = server.stop()
+    assert server.process.returncode == 0 and "Traceback" not in stderr, stderr  # Ctrl-C is a clean stop
 
 
 @pytest.fixture
@@ -157,6 +158,8 @@ def test_tool_round_trip(served, client) -> None:
     assert '"name": "get_weather"' in branch[-3].content and "sunny" in branch[-2].content
     assert "get_weather" in conversation.system_prompt  # the tools were in the model's prompt
     assert len(conversation.turns) == 2  # two replies generated; the few-shot history was recorded, not answered
+    call_turn, answer_turn = sorted(conversation.turns, key=lambda t: t.created_at)
+    assert answer_turn.route_method == "sticky" and answer_turn.expert == call_turn.expert  # back to the caller
 
 
 def test_tool_calls_stream_as_tool_call_deltas(served, client) -> None:

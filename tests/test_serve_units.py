@@ -10,7 +10,7 @@ import pytest
 from macaron_local.server.auth import authorized, is_loopback
 from macaron_local.server.limits import Admission, BusyError
 from macaron_local.server.schemas import BadRequestError, ChatCompletionRequest, ChatMessage, parse
-from macaron_local.server.tools import call_text, history_text, might_be_call, parse_tool_calls
+from macaron_local.server.tools import call_text, history_text, parse_tool_calls, streamable
 from macaron_local.server.worker import new_messages
 
 KNOWN = {"get_weather"}
@@ -57,9 +57,11 @@ def test_history_calls_are_written_as_the_model_writes_them() -> None:
     assert content == "" and calls[0].name == "get_weather"
 
 
-def test_streaming_holds_back_only_what_may_still_be_a_call() -> None:
-    assert might_be_call("  <tool") and might_be_call("<tool_call>{") and might_be_call("")
-    assert not might_be_call("Hello") and not might_be_call("<b>")
+def test_streaming_holds_back_only_what_is_or_may_become_a_call() -> None:
+    assert streamable("Hello") == 5 and streamable("<b>bold</b>") == 11 and streamable("") == 0
+    assert streamable("Let me check. <tool") == len("Let me check. ")  # may be a call beginning
+    assert streamable('Sure <tool_call>{"name"') == len("Sure ")
+    assert streamable("a <") == 2 and streamable("<tool_call>") == 0
 
 
 def test_new_messages_takes_a_whole_conversation_or_only_the_new_part() -> None:

@@ -35,7 +35,7 @@ from macaron_local.errors import InvalidInputError, MacaronError
 from macaron_local.server.auth import authorized
 from macaron_local.server.limits import Admission, BusyError, Limits, TooLargeError, read_body
 from macaron_local.server.schemas import BadRequestError, ChatCompletionRequest, FeedbackRequest, parse
-from macaron_local.server.tools import ParsedCall, history_text, might_be_call, parse_tool_calls, tools_prompt
+from macaron_local.server.tools import ParsedCall, history_text, parse_tool_calls, streamable, tools_prompt
 from macaron_local.server.worker import NotFoundError, SessionWorker, TurnRequest, TurnResult
 from macaron_local.session import Session
 
@@ -149,7 +149,7 @@ class ChatAPI:
         if kind == "error":
             return response_for(value)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        reply = Reply(completion_id, body.model or (await self.model_ids())[0], value, known_tools)
+        reply = ResponseBuilder(completion_id, body.model or (await self.model_ids())[0], value, known_tools)
         headers = {"X-Macaron-Conversation-Id": value}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -209,22 +209,21 @@ class ChatAPI:
         return turn, {t.function.name for t in tools}
 
     async def stream(
-        self, reply: Reply, events: asyncio.Queue, cancel: threading.Event, include_usage: bool
+        self, reply: ResponseBuilder, events: asyncio.Queue, cancel: threading.Event, include_usage: bool
     ) -> AsyncIterator[str]:
         """SSE chunks; a client that leaves mid-stream cancels the generation (what was said is
         stored, marked cancelled)."""
         try:
             yield reply.sse(reply.chunk({"role": "assistant", "content": ""}))
-            held = ""  # text that may still turn out to be a tool call
+            held = ""  # text that is, or may turn out to be, a tool call
             while True:
                 kind, value = await events.get()
                 if kind == "piece":
-                    if reply.tools and (held or not reply.streamed) and might_be_call(held + value):
-                        held += value
-                        continue
-                    text, held = held + value, ""
-                    reply.streamed = True
-                    yield reply.sse(reply.chunk({"content": text}))
+                    held += value
+                    ready = streamable(held) if reply.tools else len(held)
+                    if ready:
+                        text, held = held[:ready], held[ready:]
+                        yield reply.sse(reply.chunk({"content": text}))
                 elif kind == "done":
                     result: TurnResult = value
                     self.remember(reply.id, result.message_id)
@@ -255,7 +254,7 @@ def _record_feedback(session: Session, message_id: str, body: FeedbackRequest) -
     return ids
 
 
-class Reply:
+class ResponseBuilder:
     """Builds one response's JSON objects (whole, or as stream chunks)."""
 
     def __init__(self, completion_id: str, model: str, conversation_id: str, tools: set[str]) -> None:
@@ -264,7 +263,6 @@ class Reply:
         self.conversation_id = conversation_id
         self.tools = tools
         self.created = int(time.time())
-        self.streamed = False
         self.pieces: list[str] = []
 
     async def collect(self, events: asyncio.Queue) -> TurnResult:

@@ -62,10 +62,16 @@ def history_text(message: ChatMessage) -> str:
     return "\n".join(part for part in (text, *calls) if part)
 
 
-def might_be_call(prefix: str) -> bool:
-    """While streaming: could a reply starting with `prefix` still turn out to be a tool call?"""
-    head = prefix.lstrip()
-    return OPEN.startswith(head) or head.startswith(OPEN)
+def streamable(text: str) -> int:
+    """While streaming: how much of `text` (not yet sent) can go out as plain text now. A call
+    that has begun, or may be beginning at the very end, is held back until the reply ends."""
+    at = text.find(OPEN)
+    if at >= 0:
+        return at
+    for size in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-size:]):
+            return len(text) - size
+    return len(text)
 
 
 def parse_tool_calls(text: str, known: set[str]) -> tuple[str, list[ParsedCall]]:

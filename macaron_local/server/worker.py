@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from macaron_local.errors import InvalidInputError
+from macaron_local.router import Route
 from macaron_local.session import Session
 
 T = TypeVar("T")
@@ -59,6 +60,18 @@ def new_messages(stored: list[tuple[str, str]], sent: list[tuple[str, str]]) -> 
     if len(sent) > len(stored) and [r for r, _ in sent[: len(stored)]] == [r for r, _ in stored]:
         return sent[len(stored) :]
     return sent
+
+
+def _route_of_last_reply(session: Session) -> Route | None:
+    """How the branch's last reply was routed (a reopened conversation does not remember it)."""
+    if session.conversation_id is None or session.leaf_id is None:
+        return None
+    turns = {t.message_id: t for t in session.store.get_conversation(session.conversation_id).turns}
+    for message in reversed(session.store.path(session.leaf_id)):
+        if message.role == "assistant" and message.id in turns:
+            turn = turns[message.id]
+            return Route(turn.expert or "L0", turn.route_method or "default", turn.route_reason or "")
+    return None
 
 
 class SessionWorker:
@@ -138,6 +151,8 @@ class SessionWorker:
         if role not in ("user", "tool"):
             raise InvalidInputError("the last message must be from the user or a tool")
         session.add_history([{"role": r, "content": t} for r, t in history])
+        if role == "tool" and request.conversation_id and not history:
+            session.last_route = _route_of_last_reply(session)  # the result goes back to the caller
         reply = session.send(text, role=role, expert=request.expert, params=params, cancel=request.cancel)
         emit("started", reply.conversation_id)
         for piece in reply:
