@@ -31,11 +31,16 @@ class Server:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def request(
-        self, method: str, path: str, body: bytes | dict | None = None, headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | dict | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 120,
     ) -> tuple[int, dict[str, str], Any]:
         """(status, headers, parsed JSON body) of one request."""
         data = json.dumps(body).encode() if isinstance(body, dict) else body
-        connection = self.connection()
+        connection = self.connection(timeout)
         try:
             connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
             response = connection.getresponse()

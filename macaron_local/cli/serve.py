@@ -73,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, lifespan="on")
     try:
         uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass  # uvicorn finished its graceful shutdown, then passed Ctrl-C on: a normal stop
     finally:
         sock.close()
-    sys.stdout.flush()
+    print("stopped", file=sys.stderr)
     return 0
