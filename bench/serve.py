@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from common import emit, pct
@@ -33,7 +34,6 @@ from common import emit, pct
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the test suite's server runner
 from serving import sse_events, start_server  # noqa: E402
 
-from macaron_local.engine import GenerationParams  # noqa: E402
 from macaron_local.session import Session  # noqa: E402
 from macaron_local.settings import Settings  # noqa: E402
 
@@ -53,7 +53,8 @@ def rate(times: list[float]) -> float:
 def in_process(session: Session, prompt: str, tokens: int) -> dict:
     session.new_conversation()
     started = time.perf_counter()
-    reply = session.send(prompt, params=GenerationParams(max_tokens=tokens, temperature=0.0))
+    params = replace(session.default_params(), max_tokens=tokens, temperature=0.0)  # what the server uses
+    reply = session.send(prompt, params=params)
     times, text = [], []
     for piece in reply:
         times.append(time.perf_counter())
