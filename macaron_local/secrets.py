@@ -29,3 +29,28 @@ def set_hf_token(token: str) -> None:
 def delete_hf_token() -> None:
     with contextlib.suppress(PasswordDeleteError):
         keyring.delete_password(SERVICE, HF_TOKEN_KEY)
+
+
+API_TOKEN_KEY = "api-token"
+
+
+def get_api_token() -> str | None:
+    """The bearer token `macaron serve` requires off loopback (None when none is stored)."""
+    try:
+        return keyring.get_password(SERVICE, API_TOKEN_KEY)
+    except KeyringError:
+        return None
+
+
+def new_api_token() -> str:
+    """Make, store and return a fresh API token (the previous one stops working)."""
+    import secrets as random
+
+    token = "mk-" + random.token_urlsafe(32)
+    keyring.set_password(SERVICE, API_TOKEN_KEY, token)
+    return token
+
+
+def delete_api_token() -> None:
+    with contextlib.suppress(PasswordDeleteError):
+        keyring.delete_password(SERVICE, API_TOKEN_KEY)

@@ -356,6 +356,15 @@ class Session:
         sticky = self.last_route.slot if role == "tool" and self.last_route else None
         return self._reply_to(message_id, text, expert, params, cancel, sticky)
 
+    def add_history(self, messages: Sequence[Message]) -> None:
+        """Record earlier messages without answering them: an API client sends the turns it
+        already has with each request, and they are context for the reply and for learning."""
+        for message in messages:
+            if self.conversation_id is None:
+                self.conversation_id = self.store.new_conversation(self.manifest.name, self.system_prompt)
+            role, content = message["role"], message["content"]
+            self.leaf_id = self.store.add_message(self.conversation_id, role, content, self.leaf_id)
+
     def edit(self, message_id: str, text: str, **kw) -> Reply:
         """Edit an earlier user message: a new sibling branch, answered afresh."""
         original = self.store.get_message(message_id)

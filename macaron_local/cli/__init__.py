@@ -17,7 +17,7 @@ from macaron_local.terminal import printable
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from macaron_local.cli import adapters, ask, auth, chat, daemon, doctor, forget, learn, logs, models, plugins
+    from macaron_local.cli import adapters, ask, auth, chat, daemon, doctor, forget, learn, logs, models, plugins, serve
     from macaron_local.cli import setup as learning_setup
 
     parser = argparse.ArgumentParser(
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"macaron-local {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (chat, ask, models, adapters, doctor, logs, forget, learn, daemon, auth, plugins):
+    for module in (chat, ask, models, adapters, doctor, logs, forget, learn, daemon, auth, plugins, serve):
         module.register(commands)
     learning_setup.register(commands)
     parser.set_defaults(func=chat.run)

@@ -32,6 +32,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     logout.set_defaults(func=run_logout)
     status = actions.add_parser("status", help="is a token stored? (never shows it)")
     status.set_defaults(func=run_status)
+    api = actions.add_parser(
+        "api-token", help="make a new bearer token for `macaron serve` off loopback (printed once)"
+    )
+    api.add_argument("--delete", action="store_true", help="remove it: non-loopback serving stops working")
+    api.set_defaults(func=run_api_token)
 
 
 def _backend() -> str:
@@ -91,4 +96,20 @@ def run_status(args: argparse.Namespace) -> int:
     print(f"a token is stored in the OS keyring ({_backend()})" if stored else "no token is stored")
     if os.environ.get("HF_TOKEN"):
         print("HF_TOKEN is set in this environment; downloads use it first")
+    return 0
+
+
+def run_api_token(args: argparse.Namespace) -> int:
+    """A fresh token for the API server, kept in the keyring; printed so clients can be set up."""
+    try:
+        if args.delete:
+            secrets.delete_api_token()
+            print("API token removed from the OS keyring")
+            return 0
+        token = secrets.new_api_token()
+    except KeyringError as exc:
+        raise _unavailable(exc) from None
+    print(token)
+    where = f"stored in the OS keyring ({_backend()})"
+    print(f"{where}; clients send it as `Authorization: Bearer <token>`", file=sys.stderr)
     return 0
