@@ -9,9 +9,10 @@ still runs every turn on L0 and is timed, but a 135M router sends nearly everyth
 - **own views** (the protocol): route hop, then the expert answers from its own view (its own
   tasks verbatim, the other expert's as summaries) with the engine's per-(adapter set, view)
   KV cache, then the hidden summary hop.
-- **transcript** (the baseline): every expert reads the whole transcript verbatim, with the
-  per-adapter-set KV cache the engine had before (each expert extends its own saved KV). No
-  route or summary hop runs for it: the baseline at its best.
+- **transcript** (the baseline, on a second engine, turn by turn with the first): every expert
+  reads the whole transcript verbatim, with the per-adapter-set KV cache the engine had before
+  (each expert extends its own saved KV). No route or summary hop runs for it: the baseline at
+  its best.
 
 Per turn and mode: `prefill_tokens` (prompt tokens not taken from a saved KV prefix) and
 `ttft_ms`; for own views also `route_ms` and `summary_ms`. Both modes generate greedily with
@@ -55,44 +56,49 @@ QUESTIONS = (
 )
 
 
-def run(mode: str, model: Path, experts: dict[str, Path], turns: int, args: argparse.Namespace) -> dict:
-    profile = shipped_profile("embedded")
-    config = EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads)
-    params = GenerationParams(max_tokens=args.max_tokens, temperature=0.0, repeat_penalty=1.1)
-    out: dict[str, list] = {"expert": [], "prompt_tokens": [], "prefill_tokens": [], "ttft_ms": []}
-    if mode == "own_views":
-        out |= {"route_label": [], "route_ms": [], "summary_ms": [], "summary_tokens": []}
-    steps: list[Step] = []
-    with Engine(config) as engine:
-        handles = {slot: [engine.load_adapter(path)] for slot, path in experts.items()}
-        for turn in range(turns):
-            expert = ("L0", "L2")[turn % 2]
-            steps.append(Step("user", QUESTIONS[turn % len(QUESTIONS)]))
-            if mode == "own_views":
-                hop = run_route_hop(engine, profile, steps[-1].content, handles["L0"])
-                out["route_label"].append(hop.label)
-                out["route_ms"].append(round(hop.ms, 1))
-                engine.set_adapters(handles[expert], view=expert)
-                view = own_view(steps, expert, SYSTEM, profile)
-            else:
-                engine.set_adapters(handles[expert])
-                view = transcript_view(steps, SYSTEM, profile)
-            tokens, _ = engine.prompt_for(view, params.max_tokens)
-            done = engine.generate(tokens, params)
-            reply = split_reasoning(done.text)[1]
-            out["expert"].append(expert)
-            out["prompt_tokens"].append(done.prompt_tokens)
-            out["prefill_tokens"].append(done.prompt_tokens - done.reused_prompt_tokens)
-            out["ttft_ms"].append(round(done.ttft_ms, 1))
-            summary = None
-            if mode == "own_views":
-                task = tasks_of([*steps, Step("assistant", reply, expert=expert)])[-1]
-                hop = run_summary_hop(engine, profile, task, SYSTEM, handles[expert], max_tokens=args.summary_tokens)
-                summary = hop.text
-                out["summary_ms"].append(round(hop.ms, 1))
-                out["summary_tokens"].append(len(engine.tokenize(hop.text)))
-            steps.append(Step("assistant", reply, expert=expert, summary=summary))
-    return out
+class Conversation:
+    """One mode's conversation on its own engine, advanced one turn at a time (the two modes
+    take turns, so the machine's load falls on both alike)."""
+
+    def __init__(self, mode: str, engine: Engine, experts: dict[str, Path], args: argparse.Namespace) -> None:
+        self.mode, self.engine, self.args = mode, engine, args
+        self.profile = shipped_profile("embedded")
+        self.handles = {slot: [engine.load_adapter(path)] for slot, path in experts.items()}
+        self.params = GenerationParams(max_tokens=args.max_tokens, temperature=0.0, repeat_penalty=1.1)
+        self.steps: list[Step] = []
+        self.out: dict[str, list] = {"expert": [], "prompt_tokens": [], "prefill_tokens": [], "ttft_ms": []}
+        if mode == "own_views":
+            self.out |= {"route_label": [], "route_ms": [], "summary_ms": [], "summary_tokens": []}
+
+    def turn(self, index: int) -> None:
+        engine, out, profile = self.engine, self.out, self.profile
+        expert = ("L0", "L2")[index % 2]
+        self.steps.append(Step("user", QUESTIONS[index % len(QUESTIONS)]))
+        if self.mode == "own_views":
+            hop = run_route_hop(engine, profile, self.steps[-1].content, self.handles["L0"])
+            out["route_label"].append(hop.label)
+            out["route_ms"].append(round(hop.ms, 1))
+            engine.set_adapters(self.handles[expert], view=expert)
+            view = own_view(self.steps, expert, SYSTEM, profile)
+        else:
+            engine.set_adapters(self.handles[expert])
+            view = transcript_view(self.steps, SYSTEM, profile)
+        tokens, _ = engine.prompt_for(view, self.params.max_tokens)
+        done = engine.generate(tokens, self.params)
+        reply = split_reasoning(done.text)[1]
+        out["expert"].append(expert)
+        out["prompt_tokens"].append(done.prompt_tokens)
+        out["prefill_tokens"].append(done.prompt_tokens - done.reused_prompt_tokens)
+        out["ttft_ms"].append(round(done.ttft_ms, 1))
+        summary = None
+        if self.mode == "own_views":
+            task = tasks_of([*self.steps, Step("assistant", reply, expert=expert)])[-1]
+            handles = self.handles[expert]
+            hop = run_summary_hop(engine, profile, task, SYSTEM, handles, max_tokens=self.args.summary_tokens)
+            summary = hop.text
+            out["summary_ms"].append(round(hop.ms, 1))
+            out["summary_tokens"].append(len(engine.tokenize(hop.text)))
+        self.steps.append(Step("assistant", reply, expert=expert, summary=summary))
 
 
 def main() -> int:
@@ -113,8 +119,13 @@ def main() -> int:
             slot: write_adapter(Path(tmp) / f"{slot}.gguf", random_lora(info, rank=4, seed=seed, magnitude=0.005))
             for slot, seed in (("L0", 1), ("L2", 2))
         }
-        own = run("own_views", model, experts, args.turns, args)
-        baseline = run("transcript", model, experts, args.turns, args)
+        config = EngineConfig(model_path=model, n_ctx=4096, n_threads=args.threads)
+        with Engine(config) as first, Engine(config) as second:
+            modes = [Conversation("own_views", first, experts, args), Conversation("transcript", second, experts, args)]
+            for index in range(args.turns):
+                for conversation in modes:
+                    conversation.turn(index)
+        own, baseline = modes[0].out, modes[1].out
     later = slice(2, None)  # turn 3 on: both experts have answered before
     own_prefill, base_prefill = sum(own["prefill_tokens"][later]), sum(baseline["prefill_tokens"][later])
     answer_ms = sum(own["ttft_ms"])

@@ -283,8 +283,8 @@ class Session:
     # ----------------------------------------------------------------- turns
     def route(self, text: str, expert: str | None = None, pending: str | None = None) -> Route:
         """Which expert answers `text` (the route hop on L0 unless chosen or pending)."""
-        adapters = self.adapters_for("L0")
-        return self.protocol.route(self.engine, text, adapters, explicit=expert, pending=pending)
+        engine = self.engine  # loads the experts first: the hop runs on L0's adapters
+        return self.protocol.route(engine, text, self.adapters_for("L0"), explicit=expert, pending=pending)
 
     def default_params(self) -> GenerationParams:
         return GenerationParams(

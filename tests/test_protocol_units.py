@@ -184,3 +184,46 @@ def test_an_experts_view_only_grows_at_its_end():
     assert at_c.startswith(at_a)
     without_summary = [Step(s.role, s.content, s.expert, None, s.tool_call) for s in steps]
     assert own_view(without_summary, "L0", "", profile)[4]["content"] == "B!"  # summaries off: the reply
+
+
+def test_summaries_can_be_turned_off_per_model(tmp_path):
+    from macaron_local.catalog import Manifest
+    from macaron_local.protocol.runner import Protocol
+
+    path = tmp_path / "m.toml"
+    base = 'name = "m"\narchitecture = "qwen35moe"\n[base]\nsource = "path"\nfile = "x.gguf"\n'
+    path.write_text(base + '[protocol]\nsummaries = false\ndefault_label = "L2"\n')
+    protocol = Protocol(Manifest.from_toml(path))
+    assert not protocol.options.summaries and protocol.family == "qwen3_coder"
+    assert protocol.closing_task(conversation()[:2]) is None  # a final answer, but no summary hop
+    path.write_text(base)
+    assert Protocol(Manifest.from_toml(path)).closing_task(conversation()[:2]).owner == "L0"
+    path.write_text(base + '[protocol]\ndefault_label = "L9"\n')
+    with pytest.raises(InvalidInputError, match="default_label"):
+        Protocol(Manifest.from_toml(path))
+
+
+def test_the_summary_and_route_hop_fields_survive_export_and_import(tmp_path):
+    import io
+    import json
+
+    from macaron_local.store import open_store
+
+    store = open_store(tmp_path / "a.db")
+    cid = store.new_conversation("m", "")
+    question = store.add_message(cid, "user", "Hi")
+    turn = {"model": "m", "expert": "L0", "route_method": "model", "route_raw": "L0", "route_ms": 12.5}
+    reply, _ = store.add_reply(cid, question, "Hello", turn)
+    store.set_turn_summary(reply, "Greeted the user.", 30.0)
+    out = io.StringIO()
+    store.export_jsonl(out)
+    [record] = [json.loads(line) for line in out.getvalue().splitlines()]
+    [exported] = record["turns"]
+    assert (exported["summary"], exported["summary_ms"], exported["route_raw"]) == ("Greeted the user.", 30.0, "L0")
+    other = open_store(tmp_path / "b.db")
+    other.import_jsonl(io.StringIO(out.getvalue()))
+    again = io.StringIO()
+    other.export_jsonl(again)
+    assert again.getvalue() == out.getvalue()
+    with pytest.raises(InvalidInputError, match="no turn"):
+        store.set_turn_summary(question, "x", None)
