@@ -227,3 +227,14 @@ def test_the_summary_and_route_hop_fields_survive_export_and_import(tmp_path):
     assert again.getvalue() == out.getvalue()
     with pytest.raises(InvalidInputError, match="no turn"):
         store.set_turn_summary(question, "x", None)
+
+
+def test_a_summary_is_one_line_of_at_most_two_sentences():
+    from macaron_local.protocol.summary import clip_summary
+
+    assert clip_summary("<think>hm</think>\nI wrote a loop.\nIt prints 1 to 3. Then I said bye. More.") == (
+        "I wrote a loop. It prints 1 to 3."
+    )
+    assert clip_summary("Answered the question about version 3.11 of Python") == (
+        "Answered the question about version 3.11 of Python"
+    )
