@@ -153,7 +153,11 @@ def route(
         decision = hop(text)
         if decision.is_label:
             return Route(decision.label, "model", f"L0 chose {decision.label}", decision.raw, decision.ms)
-        why = f"L0's output {decision.raw!r} is not a label; default {decision.label}"
+        why = (
+            f"L0's output {decision.raw!r} is not a label; default {decision.label}"
+            if decision.raw
+            else f"the route hop does not fit the context; default {decision.label}"
+        )
         return Route(decision.label, "default", why, decision.raw, decision.ms)
     scores = keyword_scores(text)
     best = max(scores.values())

@@ -432,7 +432,10 @@ class Session:
         task = self.protocol.closing_task(self.protocol.steps(self.store, conversation_id, reply_id))
         if task is None:
             return
-        hop = self.protocol.summarize(self.engine, task, self.system_prompt, adapters)
+        try:
+            hop = self.protocol.summarize(self.engine, task, self.system_prompt, adapters)
+        except MacaronError:
+            return  # no room in the context (or a failed hop): the reply stands without a summary
         self.store.set_turn_summary(reply_id, hop.text, hop.ms)
         reply.summary = hop.text
 

@@ -209,3 +209,12 @@ def test_rollback_switches_the_served_personal_adapter(expert_home, tmp_path):
         assert session.rollback("L2") is None
         assert session.send("python again", params=SHORT).wait().adapters == (adapters["L2"].name,)
         assert session.deployed_versions() == {}
+
+
+def test_a_route_hop_that_does_not_fit_the_context_leaves_the_default_label(expert_home):
+    home, _, _ = expert_home
+    home.save(routing="model")
+    with open_session(home) as session:  # the tiny model spells the route prompt letter by letter
+        reply = session.send("hello", params=SHORT).wait()
+    assert (reply.route.slot, reply.route.method, reply.route.raw) == ("L0", "default", "")
+    assert "does not fit" in reply.route.reason and reply.message_id is not None

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from macaron_local.engine import AdapterHandle, Engine
-from macaron_local.engine.template import ContextOverflowError, Message
+from macaron_local.engine.template import Message
 from macaron_local.protocol.profile import PREFILL, RoutingProfile
 
 ROUTE_VIEW = "route"  # the engine's KV view for route prompts (one-off: not kept)
@@ -33,7 +33,7 @@ class RouteHop:
 
     label: str
     raw: str
-    is_label: bool  # False: the output was not a label and the default was used
+    is_label: bool  # False: the output was not a label (or the hop did not fit) and the default was used
     ms: float
     prompt_tokens: int
 
@@ -94,10 +94,9 @@ def run_route_hop(
     engine.set_adapters(l0_adapters, view=ROUTE_VIEW, remember=False)
     tokens = route_prompt(engine, profile, request)
     if len(tokens) + max_tokens > engine.config.n_ctx:
-        raise ContextOverflowError(
-            f"the message is too long for the model's context ({engine.config.n_ctx - max_tokens} tokens "
-            "available); shorten it or raise n_ctx in the settings"
-        )
+        # No room for the hop: the default label answers (and a request too long for the answer
+        # itself gets the answer hop's clear context error).
+        return RouteHop(profile.default_label, "", False, (time.perf_counter() - started) * 1000, len(tokens))
     options = [engine.tokenize(label, special=False) for label in profile.labels]
     raw = engine.detokenize(constrained_greedy(engine, tokens, options, max_tokens))
     label = parse_label(raw, profile.labels)
