@@ -28,10 +28,12 @@ from macaron_local.fit import adapter_ram_budget
 from macaron_local.learn.episodes import latest_corrections
 from macaron_local.learn.personal import PERSONAL_SLOT, SERVED_SLOTS, personal_for
 from macaron_local.learning_setup import LearningSetup, Readiness
-from macaron_local.router import Route, route
+from macaron_local.protocol.runner import Protocol
+from macaron_local.router import Route
 from macaron_local.settings import Settings, write_private_atomic
 from macaron_local.store import AdapterVersion, LearningRun, Store, open_default_store
 from macaron_local.swarm import SwarmResult, choose, gather_variants, run_swarm
+from macaron_local.transcript import TranscriptItem, build_transcript
 
 if TYPE_CHECKING:
     from macaron_local.daemon.status import DaemonStatus
@@ -50,6 +52,9 @@ class Reply:
     user_message_id: str = ""
     message_id: str | None = None
     notices: tuple[str, ...] = ()  # what changed since the last turn ("L0 Chat updated: ...")
+    content: str = ""  # once done: the reply as stored (without its reasoning block)
+    thinking: str = ""  # once done: the reasoning block, kept out of the reply
+    summary: str | None = None  # once done: the hidden summary of the task it closed
     _on_done: Callable[[Reply], None] | None = field(default=None, repr=False)
 
     def __iter__(self) -> Iterator[str]:
@@ -73,18 +78,6 @@ class Reply:
         for _ in self:
             pass
         return self
-
-
-@dataclass(frozen=True)
-class TranscriptItem:
-    """One message of the current branch, as a front end shows it."""
-
-    message_id: str
-    role: str
-    content: str
-    tag: str = ""  # which expert and adapters wrote a reply
-    marks: list[str] = field(default_factory=list)  # feedback given and branch position
-    branch: tuple[int, int] = (1, 1)  # (this sibling's number, how many siblings)
 
 
 @dataclass(frozen=True)
@@ -124,6 +117,25 @@ class Session:
         self.leaf_id: str | None = None
         self.last_route: Route | None = None
         self.system_prompt: str = str(self.settings.get("system_prompt"))
+        self._protocol: Protocol | None = None
+
+    @property
+    def protocol(self) -> Protocol:
+        """The model's route / answer / summary protocol (its profile and options)."""
+        if self._protocol is None:
+            self._protocol = Protocol(
+                self.manifest, routing=str(self.settings.get("routing")), profile_files=self._profile_files()
+            )
+        return self._protocol
+
+    def _profile_files(self) -> dict[str, Path]:
+        """A pulled model's routing-profile files (Tall: Mind Lab's), each checked against its
+        pinned sha256 first (a ModelError says how to fetch it again); none for a model whose
+        profile ships in the package."""
+        paths = self.catalog.profile_paths(self.manifest)
+        for role in paths:
+            self.catalog.profile_text(self.manifest, role)
+        return paths
 
     # ----------------------------------------------------------------- model
     @property
@@ -194,6 +206,7 @@ class Session:
         manifest = self.catalog.get(name)
         self._close_engine()
         self.manifest = manifest
+        self._protocol = None
 
     def set_personal_adapter(self, slot: str, path: Path | None) -> None:
         """Serve the user's own adapter for `slot` stacked on the expert (None removes it)."""
@@ -258,41 +271,10 @@ class Session:
         self.last_route = None
 
     def transcript(self) -> list[TranscriptItem]:
-        """The current branch with each reply's expert tag, the feedback given on it, and its
-        position among its siblings (branches)."""
+        """The current branch as a front end shows it (see `macaron_local.transcript`)."""
         if self.conversation_id is None or self.leaf_id is None:
             return []
-        conversation = self.store.get_conversation(self.conversation_id)
-        turns = {t.message_id: t for t in conversation.turns}
-        feedback: dict[str, list] = {}
-        for item in conversation.feedback:
-            feedback.setdefault(item.message_id, []).append(item)
-        corrected = latest_corrections(conversation.feedback)
-        by_parent: dict[str | None, list[str]] = {}
-        for message in conversation.messages:
-            by_parent.setdefault(message.parent_id, []).append(message.id)
-        items = []
-        for message in self.store.path(self.leaf_id):
-            siblings = by_parent.get(message.parent_id, [message.id])
-            position = (siblings.index(message.id) + 1, len(siblings))
-            marks = []
-            ratings = [f.value for f in feedback.get(message.id, []) if f.kind == "rating"]
-            if ratings:
-                marks.append("[green]+1[/green]" if ratings[-1] > 0 else "[red]-1[/red]")
-            if message.id in corrected:
-                marks.append("[yellow]corrected by you[/yellow]")
-            if position[1] > 1:
-                marks.append(f"[dim]branch {position[0]}/{position[1]}[/dim]")
-            tag = ""
-            turn = turns.get(message.id)
-            if message.role == "assistant" and turn is not None:
-                expert = turn.expert or "L0"
-                tag = f"{expert} {SLOTS.get(expert, '')}".strip()
-                if turn.adapters:
-                    tag += " · " + ", ".join(turn.adapters)
-            content = corrected.get(message.id, message.content)
-            items.append(TranscriptItem(message.id, message.role, content, tag, marks, position))
-        return items
+        return build_transcript(self.store, self.conversation_id, self.leaf_id)
 
     def switch_branch(self, message_id: str, step: int) -> bool:
         """Show the previous (-1) or next (+1) sibling of `message_id` and its latest descendants."""
@@ -314,17 +296,10 @@ class Session:
         self.leaf_id = message_id
 
     # ----------------------------------------------------------------- turns
-    def route(self, text: str, expert: str | None = None, sticky_slot: str | None = None) -> Route:
-        self.engine  # the expert adapters are known once the model is loaded  # noqa: B018
-        classifier = self._classify if "L0" in self._experts else None
-        return route(text, explicit=expert, sticky_slot=sticky_slot, classifier=classifier)
-
-    def _classify(self, messages: list[dict[str, str]], prefix: str, labels: Sequence[str]) -> list[float]:
-        """Score each label as the continuation of L0's forced answer prefix."""
-        engine = self.engine
-        engine.set_adapters(self.adapters_for("L0"))
-        prompt = engine.render_tokens(messages) + engine.tokenize(prefix)
-        return [float(engine.token_logprobs(prompt, engine.tokenize(label)).sum()) for label in labels]
+    def route(self, text: str, expert: str | None = None, pending: str | None = None) -> Route:
+        """Which expert answers `text` (the route hop on L0 unless chosen or pending)."""
+        engine = self.engine  # loads the experts first: the hop runs on L0's adapters
+        return self.protocol.route(engine, text, self.adapters_for("L0"), explicit=expert, pending=pending)
 
     def default_params(self) -> GenerationParams:
         return GenerationParams(
@@ -345,7 +320,7 @@ class Session:
         """Store `text` as the next message, route it, and start streaming the reply.
 
         `role="tool"` sends a tool result: it goes back to the expert that answered last (the
-        one that made the call), whatever its text says.
+        one that made the call), whatever its text says, with no route hop.
         """
         if not text.strip():
             raise InvalidInputError("the message is empty")
@@ -353,8 +328,7 @@ class Session:
             self.conversation_id = self.store.new_conversation(self.manifest.name, self.system_prompt)
         message_id = self.store.add_message(self.conversation_id, role, text, self.leaf_id)
         self.leaf_id = message_id
-        sticky = self.last_route.slot if role == "tool" and self.last_route else None
-        return self._reply_to(message_id, text, expert, params, cancel, sticky)
+        return self._reply_to(message_id, text, expert, params, cancel)
 
     def add_history(self, messages: Sequence[Message]) -> None:
         """Record earlier messages without answering them: an API client sends the turns it
@@ -410,34 +384,41 @@ class Session:
         expert: str | None = None,
         params: GenerationParams | None = None,
         cancel: threading.Event | None = None,
-        sticky_slot: str | None = None,
     ) -> Reply:
+        """Route (unless a tool result is pending for an expert), answer from that expert's own
+        view, and when the reply closes its task run the hidden summary hop."""
         params = params or self.default_params()
         notices = self._apply_registry_updates()
-        decision = self.route(text, expert, sticky_slot=sticky_slot)
+        conversation_id = self.conversation_id
+        assert conversation_id is not None
+        protocol = self.protocol
+        steps = protocol.steps(self.store, conversation_id, message_id)
+        decision = self.route(text, expert, pending=protocol.pending_expert(steps))
         self.last_route = decision
         engine = self.engine
         active = self.adapters_for(decision.slot)
-        engine.set_adapters(active)
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        tokens, dropped = engine.prompt_for([*system, *self.messages], params.max_tokens)
-        conversation_id = self.conversation_id
-        assert conversation_id is not None
+        engine.set_adapters(active, view=decision.slot)
+        view = protocol.answer_view(steps, decision.slot, self.system_prompt)
+        tokens, dropped = engine.prompt_for(view, params.max_tokens)
         generation = engine.stream(tokens, params, cancel)
         marker = GeneratingMarker.hold(self.settings)  # the daemon waits while this is held
 
         def finished(reply: Reply) -> None:
             marker.release()
             done = reply.completion
+            split = protocol.split(done.text)
+            reply.content, reply.thinking = split.content, split.thinking
             reply.message_id, _ = self.store.add_reply(
                 conversation_id,
                 message_id,
-                done.text,
+                split.content,
                 {
                     "model": self.manifest.name,
                     "expert": decision.slot,
                     "route_method": decision.method,
                     "route_reason": decision.reason,
+                    "route_raw": decision.raw,
+                    "route_ms": decision.ms,
                     "adapters": list(reply.adapters),
                     "sampling": {
                         "temperature": params.temperature,
@@ -451,10 +432,13 @@ class Session:
                     "ttft_ms": done.ttft_ms,
                     "total_ms": done.total_ms,
                     "finish_reason": done.finish_reason or "cancelled",
+                    "thinking": split.thinking or None,
                 },
             )
             if self.conversation_id == conversation_id:
                 self.leaf_id = reply.message_id
+            if done.finish_reason != "cancelled" and not split.tool_call:
+                self._summarize(conversation_id, reply.message_id, active, reply)
 
         return Reply(
             route=decision,
@@ -466,6 +450,18 @@ class Session:
             notices=tuple(notices),
             _on_done=finished,
         )
+
+    def _summarize(self, conversation_id: str, reply_id: str, adapters: list[AdapterHandle], reply: Reply) -> None:
+        """The summary hop for the task `reply_id` closed (hidden; stored on its turn)."""
+        task = self.protocol.closing_task(self.protocol.steps(self.store, conversation_id, reply_id))
+        if task is None:
+            return
+        try:
+            hop = self.protocol.summarize(self.engine, task, self.system_prompt, adapters)
+        except MacaronError:
+            return  # no room in the context (or a failed hop): the reply stands without a summary
+        self.store.set_turn_summary(reply_id, hop.text, hop.ms)
+        reply.summary = hop.text
 
     # ----------------------------------------------------------------- history
     def list_conversations(self, limit: int = 50):

@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "repeat_penalty": 1.1,  # small models loop without it
     "kv_switch": "state",  # bench/inference.py: restoring a saved KV state beats reset + re-prefill
     "system_prompt": "You are a helpful assistant.",
+    "routing": "model",  # model: L0's route hop (Macaron's protocol); keywords: the fallback rules
     "learning_paused": False,
     "learning_backend": "auto",  # auto | torch | mlx (auto: MLX on Apple silicon, else torch)
 }

@@ -49,6 +49,8 @@ FIELDS: dict[str, Field] = {
     "system_prompt": Field(str, max_length=100_000),
     "learning_paused": Field(bool),
     "learning_backend": Field(str, choices=("auto", "torch", "mlx")),
+    "routing": Field(str, choices=("model", "keywords")),
+    "learning_setup": Field(str, choices=("accepted", "declined")),  # the first-run answer
 }
 TABLES = ("daemon", "learn")
 

@@ -40,13 +40,18 @@ def test_ask_answers_paris_offline_on_a_fresh_install(tmp_path):
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
 
 
-def test_ask_json_reports_route_and_timings(tmp_path):
+def test_ask_json_reports_route_and_timings_and_logs_show_the_summary(tmp_path):
     done = run_cli("ask", "--json", "--max-tokens", "8", "Write a python function", home=tmp_path)
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout)
-    assert reply["expert"] == "L2" and reply["route_method"] == "keywords"
+    route = reply["route"]  # the route hop on L0: its label, how it was decided, what it generated
+    assert route["method"] == "model" and route["label"] == route["raw"] == reply["expert"]
+    assert reply["route_ms"] > 0 and reply["summary"]
     assert reply["completion_tokens"] <= 8 and reply["prompt_tokens"] > 0
     assert reply["finish_reason"] in ("stop", "length") and reply["text"]
+    [conversation] = json.loads(run_cli("logs", "list", "--json", home=tmp_path).stdout)
+    shown = run_cli("logs", "show", conversation["id"], home=tmp_path)
+    assert f"  summary: {reply['summary']}\n" in shown.stdout
 
 
 def test_ask_reads_stdin(tmp_path):

@@ -112,7 +112,9 @@ def test_replaced_versions_are_freed_night_after_night(tiny_home, tmp_path):
     the last turn used, until the next change), never the whole history."""
     home, model = tiny_home
     parent = None
-    with Session(home, engine_config={"n_ctx": 128}) as session:
+    # 256: each answer's system message also carries the identity instruction (the tiny model
+    # spells it letter by letter) and the conversation runs six turns.
+    with Session(home, engine_config={"n_ctx": 256}) as session:
         for night in range(5):
             path = write_random_adapter(tmp_path / f"{night}.gguf", model, 2, seed=night)
             parent = deploy_elsewhere(home, path, parent=parent.id if parent else None)

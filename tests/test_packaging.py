@@ -53,6 +53,8 @@ def test_the_wheel_ships_templates_manifests_the_ui_and_the_entry_point(dist):
         assert f"macaron_local/{template}" in names
     assert "macaron_local/manifests/embedded.toml" in names
     assert "macaron_local/learn/data/regression.json" in names
+    for part in ("profile.toml", "route.md", "lora.md", "intro.md", "summary.md", "handoff.md"):
+        assert f"macaron_local/protocol/profiles/embedded/{part}" in names  # the embedded routing profile
     assert "macaron_ui/app.tcss" in names and "macaron_local/daemon/runner.py" in names
     assert "macaron = macaron_ui.main:main" in entry_points
     # Apple silicon gets MLX from the base dependencies; the torch route stays an extra.

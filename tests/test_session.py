@@ -1,5 +1,8 @@
 """The session API: routes each turn, activates that expert's adapters (plus the user's personal
-adapter), renders with the model's template, and streams the reply."""
+adapter), renders that expert's own view with the model's template, and streams the reply.
+
+The tiny expert model routes with the keyword fallback mode (its random weights make the route
+hop's choice arbitrary) and makes short summaries; tests/test_protocol.py covers the route hop."""
 
 from __future__ import annotations
 
@@ -33,39 +36,61 @@ def expert_home(home, tiny_model, tmp_path):
             "L2": {"name": "Coding", "source": "path", "file": str(adapters["L2"])},
             "L3": {"name": "UI"},
         },
+        "protocol": {"summary_max_tokens": 4},
     }
     home.user_manifests_dir.mkdir(parents=True, exist_ok=True)
     (home.user_manifests_dir / "tiny.toml").write_text(tomli_w.dumps(manifest))
+    home.save(routing="keywords")
     return home, model, adapters
 
 
+N_CTX = 512
+
+
 def open_session(home, **engine) -> Session:
-    return Session(home, model="tiny", engine_config={"n_ctx": 128, "kv_f32": True, **engine})
+    return Session(home, model="tiny", engine_config={"n_ctx": N_CTX, "kv_f32": True, **engine})
 
 
-def test_keyword_route_activates_that_expert(expert_home):
+def test_keyword_fallback_mode_activates_that_expert(expert_home):
     home, _, adapters = expert_home
     with open_session(home) as session:
         reply = session.send("fix this python bug", params=SHORT).wait()
         assert reply.route.slot == "L2" and reply.adapters == (adapters["L2"].name,)
         assert session.engine.active == ((session.adapters_for("L2")[0].key, 1.0),)
         assert session.messages[-1] == {"role": "assistant", "content": reply.text}
+        assert reply.route.method == "keywords" and reply.route.raw is None  # no route hop ran
 
 
-def test_ambiguous_request_is_classified_by_l0(expert_home):
+def test_model_routing_runs_the_route_hop_on_l0_and_records_it(expert_home):
     home, _, _ = expert_home
-    with open_session(home) as session:
+    home.save(routing="model")
+    with open_session(home, n_ctx=2048) as session:
         reply = session.send("hmm, what about this one?", params=SHORT).wait()
-    assert reply.route.method == "classifier" and reply.route.slot in ("L0", "L1", "L2", "L3")
+        [turn] = session.store.get_conversation(session.conversation_id).turns
+    # Only label tokens can be chosen; a vocabulary that cannot spell a whole label (this tiny
+    # one) leaves a non-label output, and the profile's default label answers.
+    label = reply.route.raw == reply.route.slot
+    assert reply.route.method == ("model" if label else "default")
+    assert label or reply.route.slot == session.protocol.profile.default_label
+    assert (turn.expert, turn.route_method, turn.route_raw) == (reply.route.slot, reply.route.method, reply.route.raw)
+    assert turn.route_ms > 0 and turn.summary is not None and turn.summary_ms > 0
 
 
 def test_reply_equals_a_fresh_engine_under_the_same_adapters(expert_home):
     home, model, adapters = expert_home
     with open_session(home) as session:
-        session.send("hello there", expert="L0", params=SHORT).wait()  # L0 first: forces a switch
+        first = session.send("hello there", expert="L0", params=SHORT).wait()  # L0 first: forces a switch
         reply = session.send("write python code", params=SHORT).wait()
-        messages = [{"role": "system", "content": session.system_prompt}, *session.messages[:-1]]
-    with Engine(EngineConfig(model_path=model.path, n_ctx=128, kv_f32=True)) as engine:
+        intro = session.protocol.profile.intro
+        handoff = session.protocol.profile.handoff_text(first.summary)
+        messages = [  # L2's own view: L0's task as its summary, then the request
+            {"role": "system", "content": f"{session.system_prompt}\n\n{intro}"},
+            {"role": "user", "content": "hello there"},
+            {"role": "assistant", "content": handoff},
+            {"role": "user", "content": "write python code"},
+        ]
+    assert reply.route.slot == "L2" and first.summary
+    with Engine(EngineConfig(model_path=model.path, n_ctx=N_CTX, kv_f32=True)) as engine:
         engine.set_adapters([engine.load_adapter(adapters["L2"])])
         tokens, _ = engine.prompt_for(messages, SHORT.max_tokens)
         assert engine.generate(tokens, SHORT).tokens == reply.completion.tokens
@@ -91,7 +116,7 @@ def test_tool_result_returns_to_the_expert_that_made_the_call(expert_home):
         first = session.send("write python code to list files", params=SHORT).wait()
         result = session.send("file_a.txt\nfile_b.txt", role="tool", params=SHORT).wait()
     assert first.route.slot == "L2"
-    assert (result.route.slot, result.route.method) == ("L2", "sticky")
+    assert (result.route.slot, result.route.method, result.route.raw) == ("L2", "pending", None)
     assert session.messages[2]["role"] == "tool"
 
 
@@ -103,7 +128,7 @@ def test_missing_expert_file_is_a_clear_error(expert_home):
 
 
 def test_long_conversation_drops_oldest_turns_and_keeps_answering(home):
-    with Session(home, engine_config={"n_ctx": 256}) as session:
+    with Session(home, engine_config={"n_ctx": 320}) as session:  # room for the route hop too
         dropped = []
         for i in range(8):
             reply = session.send(
@@ -184,3 +209,12 @@ def test_rollback_switches_the_served_personal_adapter(expert_home, tmp_path):
         assert session.rollback("L2") is None
         assert session.send("python again", params=SHORT).wait().adapters == (adapters["L2"].name,)
         assert session.deployed_versions() == {}
+
+
+def test_a_route_hop_that_does_not_fit_the_context_leaves_the_default_label(expert_home):
+    home, _, _ = expert_home
+    home.save(routing="model")
+    with open_session(home) as session:  # the tiny model spells the route prompt letter by letter
+        reply = session.send("hello", params=SHORT).wait()
+    assert (reply.route.slot, reply.route.method, reply.route.raw) == ("L0", "default", "")
+    assert "does not fit" in reply.route.reason and reply.message_id is not None

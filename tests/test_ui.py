@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from textual.widgets import Input, TextArea
+from textual.widgets import Collapsible, Input, TextArea
 
 from macaron_local.session import Session
 from macaron_local.settings import Settings
@@ -200,6 +200,24 @@ async def test_app_reopens_the_last_conversation_with_its_correction(settings):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: replies(app))
         assert replies(app)[-1].text == "4" and "corrected by you" in " ".join(replies(app)[-1].marks)
+
+
+async def test_a_replys_thinking_is_folded_and_t_unfolds_it(settings):
+    session = Session(settings)
+    cid = session.store.new_conversation("embedded", "")
+    question = session.store.add_message(cid, "user", "Is 7 prime?")
+    turn = {"model": "embedded", "expert": "L0", "thinking": "7 has no divisors."}
+    session.store.add_reply(cid, question, "Yes.", turn)
+    session.close()
+    app = MacaronApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: replies(app))
+        view = replies(app)[-1]
+        fold = view.query_one(Collapsible)
+        assert view.text == "Yes." and view.thinking == "7 has no divisors." and fold.collapsed
+        view.focus()
+        await pilot.press("t")
+        assert not fold.collapsed
 
 
 def test_main_screen_snapshot(settings, snap_compare):

@@ -62,12 +62,16 @@ def run(args: argparse.Namespace) -> int:
             done = reply.completion
             print_json(
                 {
-                    "text": done.text,
+                    "text": reply.content,
                     "model": session.manifest.name,
                     "expert": reply.route.slot,
                     "expert_name": reply.route.expert_name,
+                    "route": {"label": reply.route.slot, "method": reply.route.method, "raw": reply.route.raw},
                     "route_method": reply.route.method,
                     "route_reason": reply.route.reason,
+                    "route_ms": None if reply.route.ms is None else round(reply.route.ms, 2),
+                    "thinking": reply.thinking,
+                    "summary": reply.summary,
                     "adapters": list(reply.adapters),
                     "prompt_tokens": done.prompt_tokens,
                     "completion_tokens": len(done.tokens),

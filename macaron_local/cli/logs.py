@@ -131,6 +131,8 @@ def render_branch(conversation: Conversation) -> str:
         out.write(message.content.rstrip("\n") + "\n")
         for note in notes:
             out.write(note + "\n")
+        if turn is not None and turn.summary:  # the hidden summary hop's text for the task
+            out.write(f"  summary: {turn.summary}\n")
     return out.getvalue()
 
 

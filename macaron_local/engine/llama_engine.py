@@ -24,7 +24,7 @@ import llama_cpp
 import numpy as np
 
 from macaron_local.adapters.validate import AdapterReport, BaseModelInfo, validate_adapter
-from macaron_local.engine.template import CHATML, ChatTemplate, Message, fit_messages
+from macaron_local.engine.template import CHATML, ChatTemplate, Message, continue_final_message, fit_messages
 from macaron_local.errors import AdapterError, MacaronError, ModelError
 from macaron_local.hashing import sha256_file
 
@@ -44,7 +44,8 @@ class EngineConfig:
     n_batch: int = 512
     kv_f32: bool = False  # F32 KV cache: exact logits for parity tests, twice the memory
     kv_switch: str = "state"  # "state" (restore KV saved under the new set) or "reset"
-    max_saved_states: int = 4
+    max_saved_states: int = 8  # saved KV states (one per adapter set and view), oldest dropped first
+    max_saved_state_bytes: int = 512 * 2**20  # and never more than this many bytes of them
     seed: int = 0
     #: Adapter bytes llama.cpp may hold at once (it copies each adapter into its own buffers);
     #: beyond it the least recently used inactive adapter is freed and reloaded when next used.
@@ -84,6 +85,10 @@ class Completion:
     ttft_ms: float = 0.0
     total_ms: float = 0.0
     adapters: tuple[str, ...] = ()
+
+
+#: A saved KV state's key: the adapter set (key, scale pairs) and the view it was computed for.
+StateKey = tuple[tuple[tuple[str, float], ...], str]
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,9 @@ class Engine:
         self._sizes: dict[str, int] = {}  # file bytes per adapter key, taken when first loaded
         self.reload_count = 0
         self._active: tuple[tuple[str, float], ...] = ()
-        self._states: OrderedDict[tuple[tuple[str, float], ...], KVSnapshot] = OrderedDict()
+        self._view = ""  # which conversation view the live KV cells belong to
+        self._remember = True  # whether the live KV is worth saving when switching away
+        self._states: OrderedDict[StateKey, KVSnapshot] = OrderedDict()
         self.template = self._load_template()
         self.switch_count = 0
 
@@ -177,20 +184,32 @@ class Engine:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    def render_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def render_tokens(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final: bool = False,
+        **variables: object,
+    ) -> list[int]:
         """Tokens of the templated conversation. BOS is added only if the model wants one and
-        the template did not already write it."""
-        text = self.template.render(messages, add_generation_prompt)
+        the template did not already write it. `continue_final` ends the prompt inside the last
+        message (an assistant prefill the model continues); `variables` go to the template."""
+        text = self.template.render(messages, add_generation_prompt and not continue_final, **variables)
+        if continue_final:
+            text = continue_final_message(text, messages[-1]["content"])
         wants_bos = self.llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true"
         add_bos = wants_bos and not (self.template.bos_token and text.startswith(self.template.bos_token))
         return self.tokenize(text, add_bos=add_bos)
 
-    def prompt_for(self, messages: Sequence[Message], max_new_tokens: int) -> tuple[list[int], int]:
+    def prompt_for(
+        self, messages: Sequence[Message], max_new_tokens: int, **variables: object
+    ) -> tuple[list[int], int]:
         """Tokens for answering `messages` with room for `max_new_tokens`; drops the oldest
         turns (never system prompts) when the context is too small. Returns (tokens, dropped)."""
         budget = self.config.n_ctx - max_new_tokens
-        kept, dropped = fit_messages(messages, lambda m: len(self.render_tokens(m)), budget)
-        return self.render_tokens(kept), dropped
+        kept, dropped = fit_messages(messages, lambda m: len(self.render_tokens(m, **variables)), budget)
+        return self.render_tokens(kept, **variables), dropped
 
     # ----------------------------------------------------------------- adapters
     def load_adapter(self, path: str | os.PathLike[str]) -> AdapterHandle:
@@ -248,7 +267,7 @@ class Engine:
                 raise AdapterError(f"adapter {handle.path} is active; switch away from it first")
             resident = self._adapters.pop(handle.key, None)
             if resident is not None or self._evicted.pop(handle.key, None) is not None:
-                self._states = OrderedDict((k, v) for k, v in self._states.items() if handle.key not in dict(k))
+                self._states = OrderedDict((k, v) for k, v in self._states.items() if handle.key not in dict(k[0]))
             if resident is not None:
                 llama_cpp.llama_adapter_lora_free(resident.pointer)
 
@@ -267,43 +286,69 @@ class Engine:
         """The active set as handles and scales (to restore it after a temporary switch)."""
         return [(self._adapters[key], scale) for key, scale in self._active]
 
-    def set_adapters(self, adapters: Sequence[AdapterHandle | tuple[AdapterHandle, float]]) -> bool:
-        """Make exactly `adapters` active. Returns True when the set changed (and the KV cache
-        was reset or restored), False when it was already active."""
+    @property
+    def view(self) -> str:
+        """The conversation view the live KV cells hold (see `set_adapters`)."""
+        return self._view
+
+    def set_adapters(
+        self,
+        adapters: Sequence[AdapterHandle | tuple[AdapterHandle, float]],
+        *,
+        view: str = "",
+        remember: bool = True,
+    ) -> bool:
+        """Make exactly `adapters` active for `view`. Returns True when the adapter set or the
+        view changed (and the KV cache was reset or restored), False when both already were.
+
+        A view names one token sequence that grows turn after turn (an expert's own view of
+        the conversation). With `kv_switch = "state"` the KV of the view being left is saved
+        under (adapter set, view) and the one saved for the new pair is restored, so going
+        back to an expert only prefills what was appended since. `remember=False` marks a
+        one-off prompt (the route hop) whose KV is not worth keeping when switching away.
+        """
         pairs = [(a, 1.0) if isinstance(a, AdapterHandle) else a for a in adapters]
         new_key = tuple((handle.key, float(scale)) for handle, scale in pairs)
         with self._lock:
-            if new_key == self._active:
+            if new_key == self._active and view == self._view:
+                self._remember = remember
                 return False
             for handle, _ in pairs:
                 if handle.key not in self._adapters and handle.key not in self._evicted:
                     raise AdapterError(f"adapter {handle.path} was not loaded by this engine")
-            if self.config.kv_switch == "state" and self.llm.n_tokens > 0:
-                self._remember_state(self._active)
-            wanted = {key for key, _ in new_key}
-            if any(key not in self._adapters for key in wanted):  # on demand: detach, make room, load
-                llama_cpp.llama_set_adapters_lora(self.llm.ctx, None, 0, None)
-                self._active = ()
-                for key in [k for k, _ in new_key if k not in self._adapters]:
-                    self._reload(key, keep=wanted)
-            for key in wanted:
-                self._adapters.move_to_end(key)
-            n = len(pairs)
-            pointers = [self._adapters[h.key].pointer for h, _ in pairs]
-            array = (llama_cpp.llama_adapter_lora_p_ctypes * max(n, 1))(*pointers)
-            scales = (ctypes.c_float * max(n, 1))(*(s for _, s in pairs))
-            if llama_cpp.llama_set_adapters_lora(self.llm.ctx, array if n else None, n, scales if n else None) != 0:
-                raise AdapterError("llama.cpp could not activate the adapter set")
-            self._active = new_key
-            self.switch_count += 1
-            saved = self._states.pop(new_key, None) if self.config.kv_switch == "state" else None
+            if self.config.kv_switch == "state" and self.llm.n_tokens > 0 and self._remember:
+                self._remember_state((self._active, self._view))
+            if new_key != self._active:
+                wanted = {key for key, _ in new_key}
+                if any(key not in self._adapters for key in wanted):  # on demand: detach, make room, load
+                    llama_cpp.llama_set_adapters_lora(self.llm.ctx, None, 0, None)
+                    self._active = ()
+                    for key in [k for k, _ in new_key if k not in self._adapters]:
+                        self._reload(key, keep=wanted)
+                for key in wanted:
+                    self._adapters.move_to_end(key)
+                n = len(pairs)
+                pointers = [self._adapters[h.key].pointer for h, _ in pairs]
+                array = (llama_cpp.llama_adapter_lora_p_ctypes * max(n, 1))(*pointers)
+                scales = (ctypes.c_float * max(n, 1))(*(s for _, s in pairs))
+                if llama_cpp.llama_set_adapters_lora(self.llm.ctx, array if n else None, n, scales if n else None) != 0:
+                    raise AdapterError("llama.cpp could not activate the adapter set")
+                self._active = new_key
+                self.switch_count += 1
+            self._view, self._remember = view, remember
+            saved = self._states.pop((new_key, view), None) if self.config.kv_switch == "state" else None
             if saved is not None:
                 self._restore_state(saved)
             else:
                 self._clear_kv()
             return True
 
-    def _remember_state(self, key: tuple[tuple[str, float], ...]) -> None:
+    @property
+    def saved_states(self) -> list[tuple[StateKey, int, int]]:
+        """(key, tokens, bytes) of every saved KV state, oldest first: what the cache holds."""
+        return [(key, len(s.tokens), len(s.data)) for key, s in self._states.items()]
+
+    def _remember_state(self, key: StateKey) -> None:
         """Keep the KV cells of the current conversation, computed under the set `key`.
 
         Only the sequence's KV cells are copied (llama_state_seq_*), not llama-cpp-python's
@@ -316,7 +361,12 @@ class Engine:
         tokens = np.array(self.llm.input_ids[: self.llm.n_tokens], copy=True)
         self._states[key] = KVSnapshot(tokens=tokens, data=bytes(buffer)[:written])
         self._states.move_to_end(key)
-        while len(self._states) > self.config.max_saved_states:
+        def held() -> int:
+            return sum(len(s.data) for s in self._states.values())
+
+        while len(self._states) > self.config.max_saved_states or (
+            len(self._states) > 1 and held() > self.config.max_saved_state_bytes
+        ):
             self._states.popitem(last=False)
 
     def _restore_state(self, snapshot: KVSnapshot) -> None:
@@ -415,6 +465,14 @@ class Engine:
         """Logits (n_tokens, n_vocab) for every position, under the active adapter set."""
         with self._lock:
             return self._decode_for_logits(list(tokens), 0)
+
+    def next_logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits (n_vocab,) for the token after `tokens`; the KV prefix shared with the previous
+        evaluation is reused, so stepping one token at a time costs one token each."""
+        if not tokens:
+            raise MacaronError("next_logits needs at least one token")
+        with self._lock:
+            return self._decode_for_logits(list(tokens), len(tokens) - 1)[-1]
 
     def token_logprobs(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> np.ndarray:
         """log p(completion[i] | prompt + completion[:i]) for each completion token (float64).

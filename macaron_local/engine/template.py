@@ -46,10 +46,14 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise
         self._compiled = env.from_string(self.source)
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages`; with `add_generation_prompt` it ends where the reply starts."""
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True, **variables: object) -> str:
+        """The prompt text for `messages`; with `add_generation_prompt` it ends where the reply starts.
+
+        `variables` reach the template as they do through Hugging Face's `apply_chat_template`
+        (e.g. `enable_thinking=False` for Qwen3-family templates; others ignore it)."""
         try:
             return self._compiled.render(
+                **variables,
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -57,6 +61,16 @@ class ChatTemplate:
             )
         except TemplateError as exc:
             raise InvalidInputError(f"the chat template rejected the conversation: {exc}") from None
+
+
+def continue_final_message(text: str, final_content: str) -> str:
+    """Cut a rendering right after the last message's content, so the model continues that
+    message instead of starting a new one (what `continue_final_message` does in Hugging Face
+    tokenizers and vLLM): the template's end-of-turn markup after it is dropped."""
+    index = text.rfind(final_content)
+    if not final_content or index < 0:
+        raise InvalidInputError("the chat template did not render the message to continue")
+    return text[: index + len(final_content)]
 
 
 def fit_messages(

@@ -151,6 +151,11 @@ class Store:
         ttft_ms: float | None = None,
         total_ms: float | None = None,
         finish_reason: str | None = None,
+        route_raw: str | None = None,
+        route_ms: float | None = None,
+        summary: str | None = None,
+        summary_ms: float | None = None,
+        thinking: str | None = None,
     ) -> str:
         """Record how an assistant message was produced (routing, adapters, sampling, timings):
         the learner needs to know which expert and adapter versions said what."""
@@ -164,7 +169,8 @@ class Store:
             self.db.execute(
                 "INSERT INTO turns (id, conversation_id, message_id, model, expert, route_method,"
                 " route_reason, adapters, sampling, prompt_tokens, completion_tokens, ttft_ms, total_ms,"
-                " finish_reason, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " finish_reason, created_at, route_raw, route_ms, summary, summary_ms, thinking)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     turn_id,
                     conversation_id,
@@ -181,9 +187,24 @@ class Store:
                     total_ms,
                     finish_reason,
                     now_iso(),
+                    route_raw,
+                    route_ms,
+                    summary,
+                    summary_ms,
+                    thinking,
                 ],
             )
             return turn_id
+
+    def set_turn_summary(self, message_id: str, summary: str, summary_ms: float | None) -> None:
+        """Attach the hidden summary hop's text to the turn of the reply that closed a task (the
+        summary runs after the reply is stored, so a crash during it loses no reply)."""
+        with self._writing() as db:
+            cursor = db.execute(
+                "UPDATE turns SET summary = ?, summary_ms = ? WHERE message_id = ?", [summary, summary_ms, message_id]
+            )
+            if cursor.rowcount == 0:
+                raise InvalidInputError(f"no turn for message {message_id}")
 
     def add_reply(self, conversation_id: str, parent_id: str, content: str, turn: Mapping[str, Any]) -> tuple[str, str]:
         """Store a finished reply and its turn together: never a reply without its provenance.

@@ -215,6 +215,8 @@ def _check_record(data: Any, line: int) -> Record:
                 "completion_tokens": _OPT_INT,
                 "ttft_ms": _OPT_NUM,
                 "total_ms": _OPT_NUM,
+                "route_ms": _OPT_NUM,
+                "summary_ms": _OPT_NUM,
             },
         )
         for t in check.items(data, "turns")

@@ -235,3 +235,18 @@ def m004_forgotten_adapter_versions(db: Database) -> None:
         )"""
     )
     db.execute("CREATE INDEX idx_adapter_versions_run ON adapter_versions(learning_run_id)")
+
+
+@migration
+def m005_protocol_hops(db: Database) -> None:
+    """What the route and summary hops of Macaron's protocol did for a turn: the route hop's raw
+    output and time, the hidden summary of the task the reply closed (read by the other experts'
+    views) and its time, and the reasoning block kept apart from the reply."""
+    for column, kind in (
+        ("route_raw", "TEXT"),
+        ("route_ms", "REAL"),
+        ("summary", "TEXT"),
+        ("summary_ms", "REAL"),
+        ("thinking", "TEXT"),
+    ):
+        db.execute(f"ALTER TABLE turns ADD COLUMN {column} {kind}")

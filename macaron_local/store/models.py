@@ -40,6 +40,11 @@ class Turn:
     total_ms: float | None
     finish_reason: str | None
     created_at: str
+    route_raw: str | None = None  # what the route hop generated (None: no hop ran)
+    route_ms: float | None = None
+    summary: str | None = None  # the hidden summary of the task this reply closed
+    summary_ms: float | None = None
+    thinking: str | None = None  # the reasoning block, kept out of the reply and the history
 
 
 @dataclass(frozen=True)
@@ -181,4 +186,9 @@ TURN_FIELDS = (
     "ttft_ms",
     "total_ms",
     "finish_reason",
+    "route_raw",
+    "route_ms",
+    "summary",
+    "summary_ms",
+    "thinking",
 )

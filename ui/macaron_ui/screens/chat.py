@@ -130,7 +130,7 @@ class ChatScreen(Screen):
         self.transcript.scroll_end(animate=False)
 
     def _view(self, item: TranscriptItem) -> MessageView:
-        view = MessageView(item.role, item.content, item.message_id, item.tag)
+        view = MessageView(item.role, item.content, item.message_id, item.tag, item.thinking)
         view.marks = item.marks
         return view
 

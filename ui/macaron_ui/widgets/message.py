@@ -2,7 +2,8 @@
 
 Replies stream in through Textual's MarkdownStream, which batches appends so long replies stay
 fast. The widget is focusable: the focused reply is the one that keys like `e` (correct), `+`/`-`
-(rate) and `c` (copy) act on.
+(rate) and `c` (copy) act on. A reply's reasoning block (Qwen3's thinking) is shown folded above
+it; `t` unfolds and folds it again.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message as TextualMessage
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 #: Longer messages (a 1 MB paste) are shown truncated; the store keeps the full text.
@@ -36,6 +37,7 @@ class MessageView(Vertical, can_focus=True):
         Binding("r", "act('regenerate')", "Regenerate"),
         Binding("c", "act('copy')", "Copy"),
         Binding("b", "act('copy_code')", "Copy code"),
+        Binding("t", "toggle_thinking", "Thinking", show=False),
         Binding("left_square_bracket", "act('previous_branch')", "Prev branch", show=False),
         Binding("right_square_bracket", "act('next_branch')", "Next branch", show=False),
     ]
@@ -48,10 +50,13 @@ class MessageView(Vertical, can_focus=True):
             self.view = view
             self.action = action
 
-    def __init__(self, role: str, text: str = "", message_id: str | None = None, tag: str = "") -> None:
+    def __init__(
+        self, role: str, text: str = "", message_id: str | None = None, tag: str = "", thinking: str = ""
+    ) -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
         self.text = text
+        self.thinking = thinking
         self.message_id = message_id
         self.tag = tag
         self.marks: list[str] = []
@@ -60,6 +65,9 @@ class MessageView(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         if self.role != "welcome":
             yield Static(self._header(), classes="message-header")
+        if self.thinking:
+            with Collapsible(title="Thinking (t)", collapsed=True, classes="message-thinking"):
+                yield Static(displayable(self.thinking), markup=False)
         yield Markdown(displayable(self.text), classes="message-body")
 
     def _header(self) -> str:
@@ -97,6 +105,10 @@ class MessageView(Vertical, can_focus=True):
     def first_code_block(self) -> str | None:
         match = CODE_BLOCK.search(self.text)
         return match.group(1) if match else None
+
+    def action_toggle_thinking(self) -> None:
+        for fold in self.query(Collapsible):
+            fold.collapsed = not fold.collapsed
 
     def action_act(self, action: str) -> None:
         self.post_message(self.Action(self, action))
