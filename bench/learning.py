@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratings-only", action="store_true", help="the user rates replies, never corrects")
     parser.add_argument("--no-baselines", action="store_true", help="skip the SFT and trainer-speed baselines")
     parser.add_argument("--model", help="'tiny-qwen35moe' (built here) or a directory bench/tiny_tall.py built")
+    parser.add_argument("--threads", type=int, help="llama.cpp threads (the n_threads setting; default: its own)")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
     check = checker(scenario)
@@ -191,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         built = Path(args.model) if Path(args.model).is_dir() else tiny_tall.build(home / "tiny-qwen35moe")
         tiny_tall.register(settings, built)
         settings = Settings.load(home)
+    if args.threads:
+        settings.save(n_threads=args.threads)
     config = learn_config(settings)  # what `macaron learn` and the daemon use
     overrides = {"steps": args.steps, "lr": args.lr, "backend": args.backend}
     if args.rank:
@@ -291,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             "trainer_vs_reference_detail": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in speed.items()},
         }
     report["wall_s"] = round(time.perf_counter() - started, 1)
-    report["config"] = dataclasses.asdict(config)
+    report["config"] = dataclasses.asdict(config) | {"n_threads": int(settings.get("n_threads") or 0)}
     session.close()
     return emit(report, args.json)
 

@@ -49,10 +49,12 @@ def seed(store, scenario: dict, model: str, first: int, n: int) -> list[tuple[st
     return made
 
 
-def one_pass(scenario: dict, stored: int, steps: int | None) -> dict:
+def one_pass(scenario: dict, stored: int, steps: int | None, threads: int | None) -> dict:
     home = Path(tempfile.mkdtemp(prefix="macaron-scale-bench-"))
     settings = Settings.load(home)
     settings.ensure_dirs()
+    if threads:
+        settings.save(n_threads=threads)
     config = learn_config(settings)
     if steps:
         config = dataclasses.replace(config, steps=steps)
@@ -84,11 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenario", type=Path, required=True)
     parser.add_argument("--steps", type=int, help="override the settings' [learn] steps (both passes)")
+    parser.add_argument("--threads", type=int, help="llama.cpp threads (the n_threads setting)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
-    small = one_pass(scenario, 50, args.steps)
-    large = one_pass(scenario, 500, args.steps)
+    small = one_pass(scenario, 50, args.steps, args.threads)
+    large = one_pass(scenario, 500, args.steps, args.threads)
     return emit(
         {
             "reference": "the same pass with 50 stored corrections, 10 new, measured in this run",

@@ -24,7 +24,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     validate.set_defaults(func=run_validate)
 
     listing = sub.add_parser("list", help="every adapter version in the registry, and which one is deployed")
-    listing.add_argument("--slot", help="only this expert slot (L0..L3)")
+    listing.add_argument("--slot", help="only this slot (personal, or an expert L0..L3)")
     listing.add_argument("--limit", type=int, default=50, help="the newest N versions (0: all); default 50")
     listing.add_argument("--json", action="store_true")
     add_model_option(listing)
@@ -45,7 +45,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     gc.set_defaults(func=run_gc)
 
     rollback = sub.add_parser("rollback", help="serve the previous version of an expert's personal adapter")
-    rollback.add_argument("slot", help="L0, L1, L2 or L3 (or chat, agent, coding, ui)")
+    rollback.add_argument("slot", help="personal (what learning deploys), or L0..L3 (chat, agent, coding, ui)")
     add_model_option(rollback)
     rollback.set_defaults(func=run_rollback)
 
@@ -117,11 +117,10 @@ def _model_name(model: str | None) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from macaron_local.router import normalize_slot
     from macaron_local.store import open_default_store
 
     base_model = _model_name(args.model)
-    slot = normalize_slot(args.slot) if args.slot else None
+    slot = registry_slot(args.slot) if args.slot else None
     with open_default_store(load_settings(readonly=True), readonly=True) as store:
         if args.limit < 0:
             raise InvalidInputError("--limit must be 0 (all) or more")
@@ -151,10 +150,9 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from macaron_local.router import normalize_slot
     from macaron_local.store import open_default_store
 
-    slot, base_model = normalize_slot(args.slot), _model_name(args.model)
+    slot, base_model = registry_slot(args.slot), _model_name(args.model)
     with open_default_store(load_settings()) as store:
         restored = store.rollback_adapter(slot, base_model)
     if restored is None:
@@ -225,3 +223,11 @@ def run_gc(args: argparse.Namespace) -> int:
     with open_default_store(load_settings()) as store:
         print(store.collect_garbage(dry_run=args.dry_run).summary())
     return 0
+
+
+def registry_slot(value: str) -> str:
+    """`personal` (the adapter learning deploys for every expert), or an expert slot."""
+    from macaron_local.learn.personal import PERSONAL_SLOT
+    from macaron_local.router import normalize_slot
+
+    return PERSONAL_SLOT if value.strip().lower() == PERSONAL_SLOT else normalize_slot(value)

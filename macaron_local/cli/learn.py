@@ -21,8 +21,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dry-run", action="store_true", help="list the episodes a run would train on")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--since", type=int, default=0, help="only feedback with a larger id")
-    parser.add_argument("--steps", type=int, default=24, help="training steps per expert slot")
-    parser.add_argument("--slot", action="append", help="only these slots (L0..L3); repeatable")
+    parser.add_argument("--steps", type=int, help="at most this many training steps (default: settings [learn])")
+    parser.add_argument("--slot", action="append", help="only feedback on these experts' turns (L0..L3); repeatable")
     parser.add_argument("--force", action="store_true", help="run even if learning is paused")
     parser.add_argument("--backend", choices=BACKENDS, help="trainer: torch, mlx or auto (default: settings)")
     add_model_option(parser)
@@ -87,8 +87,10 @@ def lowest_priority() -> None:
 
 
 def run_learning(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from macaron_local.catalog import Catalog
-    from macaron_local.learn.loop import LearnConfig
+    from macaron_local.daemon.config import learn_config
     from macaron_local.learn.run import learn_once
     from macaron_local.router import normalize_slot
 
@@ -99,13 +101,15 @@ def run_learning(args: argparse.Namespace) -> int:
     catalog = Catalog(settings)
     manifest = catalog.get(args.model) if args.model else catalog.default()
     slots = [normalize_slot(s) for s in args.slot] if args.slot else None
-    backend = args.backend or str(settings.get("learning_backend") or "auto")
-    config = LearnConfig(steps=args.steps, backend=choose_backend(backend))
+    config = learn_config(settings)  # the same [learn] settings the nightly daemon uses
+    backend = args.backend or config.backend
+    config = dataclasses.replace(config, steps=args.steps or config.steps, backend=choose_backend(backend))
     bar = ProgressBar(config.steps, label=f"learning ({config.backend})")
 
     def progress(log) -> None:
+        bar.total = log.total or bar.total
         bar.update(log.step + 1, f"loss {log.loss:.3f}  kl {log.kl:.3f}  reward {log.reward_mean:+.3f}")
-        if log.step + 1 == config.steps:
+        if log.step + 1 == bar.total:
             bar.finish()
             print("evaluating the candidate against the deployed version...", flush=True)
 

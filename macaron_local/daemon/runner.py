@@ -125,7 +125,8 @@ def _learn(store, catalog, manifest, learning, say, should_stop: Callable[[], bo
     from macaron_local.learn.run import learn_once
 
     def step(log) -> None:
-        say(f"  step {log.step + 1}/{learning.steps} loss {log.loss:.3f} kl {log.kl:.3f} reward {log.reward_mean:+.3f}")
+        figures = f"loss {log.loss:.3f} kl {log.kl:.3f} reward {log.reward_mean:+.3f}"
+        say(f"  step {log.step + 1}/{log.total or learning.steps} {figures}")
 
     try:
         return learn_once(store, catalog, manifest, learning, on_step=step, should_stop=should_stop)

@@ -73,6 +73,7 @@ class StepLog:
     reward_mean: float
     trainer_tokens: int
     seconds: float
+    total: int = 0  # the steps this run plans (a night's size follows its new feedback)
 
 
 @dataclass
@@ -239,6 +240,7 @@ def train(
             reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
             trainer_tokens=tokens,
             seconds=time.perf_counter() - started,
+            total=total,
         )
         result.steps.append(log)
         if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < total:

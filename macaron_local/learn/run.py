@@ -174,6 +174,7 @@ def learn_personal(
     base_path = catalog.base_path(manifest)
     base = BaseModelInfo.from_gguf(base_path)
     deployed = store.deployed_adapter(slot, manifest.name)
+    threads = int(catalog.settings.get("n_threads") or 0)  # the user's setting, as the chat uses it
     if backend_factory is None:
         from macaron_local.learn.backends import make_backend
 
@@ -182,7 +183,7 @@ def learn_personal(
 
     with (
         run_workdir(store.db_path.parent / "learn-work") as workdir,
-        Engine(EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset")) as engine,
+        Engine(EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads)) as engine,
     ):
         experts = Experts(engine, catalog, manifest, base)
         backend = backend_factory(config.lr)
