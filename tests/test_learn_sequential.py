@@ -1,0 +1,75 @@
+"""The memory plan's `sequential` night on a tiny real model: rollouts through llama.cpp first,
+the engine closed while the trainer steps, the trainer freed before the engine comes back for
+parity and the gate. What is resident is read from the real objects (every Engine alive in the
+process, found by the garbage collector), not from a mock."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from macaron_local.catalog import Catalog  # noqa: E402
+from macaron_local.engine import Engine  # noqa: E402
+from macaron_local.learn.loop import LearnConfig  # noqa: E402
+from macaron_local.learn.run import learn_once  # noqa: E402
+from macaron_local.store import open_default_store  # noqa: E402
+
+TURN = {"model": "tiny", "expert": "L0", "route_method": "default"}
+# No rollout refresh within the night: `together` then samples every step under the expert
+# alone, exactly as `sequential` does, so both nights must train on the same rollouts.
+CONFIG = LearnConfig(steps=3, episodes_per_step=2, group_size=2, max_new_tokens=4, refresh_every=100, backend="torch")
+
+
+def night(home, model_path, mode: str):
+    catalog = Catalog(home)
+    manifest = catalog.add_local("tiny", model_path)
+    engines_open_per_step = []
+
+    def probe(log) -> None:  # while the trainer steps: which engines on this model are open?
+        engines = [o for o in gc.get_objects() if type(o) is Engine and o.config.model_path == model_path]
+        engines_open_per_step.append(sum(not e.closed for e in engines))
+
+    with open_default_store(home) as store:
+        for i in range(8):
+            conversation = store.new_conversation("tiny")
+            question = store.add_message(conversation, "user", f"ab {i}")
+            reply, _ = store.add_reply(conversation, question, "cd cd", TURN)
+            store.add_feedback(reply, "correction", text=f"ba {i} ba")
+        [report] = learn_once(store, catalog, manifest, CONFIG, on_step=probe, mode=mode)
+        [run] = store.learning_runs()
+        version = store.adapter_version(report.version_id)
+    return report, run, version, engines_open_per_step
+
+
+def test_the_sequential_night_closes_the_engine_while_the_trainer_steps(home, tiny_model, tmp_path, monkeypatch):
+    model_path = tmp_path / "tiny-seq.gguf"  # its own file: other tests' engines are not counted
+    shutil.copy(tiny_model("llama", False, n_ctx_train=2048).path, model_path)
+
+    report, run, version, open_engines = night(home, model_path, "sequential")
+    assert len(open_engines) == report.metrics["steps"] > 0 and open_engines == [0] * len(open_engines)
+    assert report.decision in ("deployed", "rejected") and run.decision == report.decision
+    assert report.metrics["memory_plan"] == "sequential"
+    phases = report.metrics["phases"]
+    assert phases[1] == "engine closed: True"
+    assert "engine open while training: False" in phases[2]
+    assert phases[3] == "trainer freed before the engine reopened: True" and phases[4].startswith("gate")
+    assert report.metrics["parity_max_abs_diff"] <= 5e-3  # a float32 base: both sides agree
+    assert version.path and run.adapter_version == version.id  # exported, registered, gated
+    assert "heldout_reward_after" in report.metrics and report.reason
+
+    # The same night with both resident: the probe sees the engine open at every step, and the
+    # trainer saw the same rollouts (no refresh: both sample under the expert alone).
+    monkeypatch.setenv("MACARON_HOME", str(tmp_path / "together-home"))
+    from macaron_local.settings import Settings
+
+    other = Settings.load()
+    other.ensure_dirs()
+    together, _, _, open_together = night(other, model_path, "together")
+    assert open_together == [1] * len(open_together) and "memory_plan" not in together.metrics
+    assert np.allclose(together.metrics["losses"], report.metrics["losses"], atol=1e-3)
