@@ -120,3 +120,22 @@ def test_a_session_in_this_process_marks_the_app_open_until_closed(home):
     with Session(home):
         assert chat_app_open(home)
     assert not chat_app_open(home)
+
+
+def test_the_run_takes_its_mode_from_the_plan(home, tmp_path, monkeypatch):
+    """`nightly_mode` is the one place the run's mode comes from: only this machine's RAM is injected."""
+    import sys
+    from pathlib import Path
+
+    from macaron_local import fit
+    from macaron_local.learn.memory_plan import nightly_mode
+
+    monkeypatch.setattr(fit, "machine_ram_bytes", lambda: 10 * GIB)
+    assert nightly_mode(home) == "together"  # the embedded model: no plan needed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import tiny_tall
+
+    tiny_tall.register(home, tiny_tall.build(tmp_path / "tall"))
+    assert nightly_mode(home) == "sequential"
+    monkeypatch.setattr(fit, "machine_ram_bytes", lambda: 64 * GIB)
+    assert nightly_mode(home) == "together"
