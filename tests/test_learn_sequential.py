@@ -81,3 +81,41 @@ def test_the_sequential_night_closes_the_engine_while_the_trainer_steps(home, ti
     together, _, _, open_together = night(other, model_path, "together")
     assert open_together == [1] * len(open_together) and "memory_plan" not in together.metrics
     assert np.allclose(together.metrics["losses"], report.metrics["losses"], atol=1e-4)
+
+
+def test_the_sequential_night_on_the_tiny_qwen3_5_moe_with_stacked_experts(tmp_path, monkeypatch):
+    """Tall's path: four experts stacked in the trainer, switched per step; the sequential night
+    trains on exactly the rollouts the together night samples, completes, exports, passes parity."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import tiny_tall
+
+    from macaron_local.settings import Settings
+
+    monkeypatch.setenv("MACARON_HOME", str(tmp_path / "seq"))
+    home = Settings.load()
+    home.ensure_dirs()
+    name = tiny_tall.register(home, tiny_tall.build(tmp_path / "tall"))
+    with open_default_store(home) as store:
+        for i in range(8):
+            conversation = store.new_conversation(name)
+            question = store.add_message(conversation, "user", f"ab {i}")
+            turn = {"model": name, "expert": f"L{i % 4}", "route_method": "default"}
+            reply, _ = store.add_reply(conversation, question, "cd cd", turn)
+            store.add_feedback(reply, "correction", text=f"ba {i} ba")
+    shutil.copytree(tmp_path / "seq", tmp_path / "both")
+    reports = {}
+    for mode, folder in (("sequential", "seq"), ("together", "both")):
+        monkeypatch.setenv("MACARON_HOME", str(tmp_path / folder))
+        settings = Settings.load()
+        catalog = Catalog(settings)
+        with open_default_store(settings) as store:
+            [reports[mode]] = learn_once(store, catalog, catalog.get(name), CONFIG, mode=mode)
+    seq = reports["sequential"]
+    assert seq.decision in ("deployed", "rejected") and seq.version_id
+    assert "engine open while training: False" in seq.metrics["phases"][2]
+    assert seq.metrics["parity_max_abs_diff"] <= 5e-3
+    assert np.allclose(seq.metrics["losses"], reports["together"].metrics["losses"], atol=1e-4)
