@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from macaron_local.catalog import SLOTS, Catalog, Manifest
-from macaron_local.daemon.locks import GeneratingMarker
+from macaron_local.daemon.locks import AppOpenMarker, GeneratingMarker
 from macaron_local.daemon.watch import StoreWatcher
 from macaron_local.engine import AdapterHandle, Completion, Engine, EngineConfig, Generation, GenerationParams
 from macaron_local.engine.template import Message
@@ -117,6 +117,7 @@ class Session:
         self.leaf_id: str | None = None
         self.last_route: Route | None = None
         self.system_prompt: str = str(self.settings.get("system_prompt"))
+        self._open_marker = AppOpenMarker.hold(self.settings)  # the nightly memory plan counts an open app
         self._protocol: Protocol | None = None
 
     @property
@@ -655,6 +656,7 @@ class Session:
 
     def close(self) -> None:
         self._close_engine()
+        self._open_marker.release()
         if self._store is not None:
             self._store.close()
             self._store = None

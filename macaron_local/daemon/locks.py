@@ -7,6 +7,9 @@
   streams; `chat_generating` asks for an exclusive lock without waiting, which fails exactly
   while any process (or thread) is generating. Shared locks let two chats generate at once
   without one's end hiding the other's. POSIX only (fcntl); elsewhere nobody is seen generating.
+- `AppOpenMarker`: the same shared lock on `app-open.lock`, held by every open session (a chat
+  app) for its whole life, so the memory plan counts the app's own engine even while it idles;
+  the OS drops it when the app exits or dies.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ except ImportError:  # Windows: no flock; the daemon is for macOS and Linux
 
 DAEMON_LOCK = "daemon.lock"
 GENERATING_LOCK = "generating.lock"
+APP_OPEN_LOCK = "app-open.lock"
 
 
 def daemon_lock_path(settings: Settings) -> Path:
@@ -68,6 +72,8 @@ def _open_private(path: Path) -> int:
 class GeneratingMarker:
     """Held (shared) by one streaming reply; `release` is idempotent."""
 
+    lock_name = GENERATING_LOCK
+
     def __init__(self, fd: int | None) -> None:
         self._fd = fd
 
@@ -78,7 +84,7 @@ class GeneratingMarker:
         if fcntl is None:
             return cls(None)
         try:
-            fd = _open_private(generating_lock_path(settings))
+            fd = _open_private(settings.data_dir / cls.lock_name)
         except OSError:
             return cls(None)
         deadline = time.monotonic() + wait_s
@@ -108,9 +114,24 @@ class GeneratingMarker:
         self.release()
 
 
+class AppOpenMarker(GeneratingMarker):
+    """Held (shared) by one open session from its start to its `close`."""
+
+    lock_name = APP_OPEN_LOCK
+
+
 def chat_generating(settings: Settings) -> bool:
     """True while any session anywhere holds the generating marker."""
-    path = generating_lock_path(settings)
+    return _held_shared(generating_lock_path(settings))
+
+
+def chat_app_open(settings: Settings) -> bool:
+    """True while any session (a chat app, `macaron ask`) is open anywhere on this data dir."""
+    return _held_shared(settings.data_dir / APP_OPEN_LOCK)
+
+
+def _held_shared(path: Path) -> bool:
+    """Does any process hold a shared lock on `path`? (An exclusive try that fails says so.)"""
     if fcntl is None or not path.exists():
         return False
     fd = _open_private(path)

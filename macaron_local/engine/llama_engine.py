@@ -544,6 +544,11 @@ class Engine:
             self.llm.close()
             self.llm = None  # type: ignore[assignment]
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` freed the model (the nightly sequential plan checks it)."""
+        return getattr(self, "llm", None) is None
+
     def __enter__(self) -> Engine:
         return self
 

@@ -60,20 +60,43 @@ def parity_check(
     tolerance: float,
 ) -> ParityReport:
     """Compare the adapter's effect on token log-probabilities in llama.cpp and in the trainer."""
+    return parity_from_effects(engine, adapter_path, samples, trainer_effects(backend, samples), tolerance)
+
+
+def trainer_effects(
+    backend: TrainerBackend, samples: Sequence[tuple[Sequence[int], Sequence[int]]]
+) -> list[np.ndarray]:
+    """The trainer's side of parity: per sample, the LoRA's effect (tuned - reference) on each
+    completion token's log-probability. Kept as numbers, so the sequential nightly plan can free
+    the trainer before the engine comes back to compare."""
+    effects = []
+    for prompt, completion in samples:
+        batch = make_batch([prompt], [completion])
+        mask = np.asarray(batch.mask[0]) > 0
+        tuned = backend.to_numpy(backend.logprobs(batch))[0][mask]
+        base = backend.to_numpy(backend.reference_logprobs(batch))[0][mask]
+        effects.append(tuned - base)
+    return effects
+
+
+def parity_from_effects(
+    engine: Engine,
+    adapter_path: Path,
+    samples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    effects: Sequence[np.ndarray],
+    tolerance: float,
+) -> ParityReport:
+    """llama.cpp's effect of the exported adapter against the trainer's `effects` (same samples)."""
     handle = engine.load_adapter(adapter_path)
     previous = engine.active_handles()
     diffs: list[np.ndarray] = []
     try:
-        for prompt, completion in samples:
+        for (prompt, completion), effect in zip(samples, effects, strict=True):
             engine.set_adapters([])
             engine_base = engine.token_logprobs(prompt, completion)
             engine.set_adapters([handle])
             engine_tuned = engine.token_logprobs(prompt, completion)
-            batch = make_batch([prompt], [completion])
-            mask = np.asarray(batch.mask[0]) > 0
-            tuned = backend.to_numpy(backend.logprobs(batch))[0][mask]
-            base = backend.to_numpy(backend.reference_logprobs(batch))[0][mask]
-            diffs.append(np.abs((engine_tuned - engine_base) - (tuned - base)))
+            diffs.append(np.abs((engine_tuned - engine_base) - effect))
     finally:
         engine.set_adapters(previous)
     every = np.concatenate(diffs) if diffs else np.zeros(0)

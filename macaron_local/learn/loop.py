@@ -176,13 +176,7 @@ def train(
     A correction or up-vote pulls toward its chosen reply; a down-vote or regenerate with no
     correction joins its group as the worst member, so the policy is pushed away from it."""
     rng = random.Random(config.seed)
-    usable = [e for e in episodes if e.chosen or e.rejected]
-    if not usable:
-        raise ValueError("learning needs at least one episode with a chosen or a rejected reply")
-    groups: dict[str, list[Episode]] = {}
-    for episode in usable:
-        groups.setdefault(group_of(episode), []).append(episode)
-    names = sorted(groups)
+    groups, names = _groups(episodes, group_of)
     total = steps if steps is not None else config.steps
     result = TrainResult()
     rollout: AdapterHandle | None = None
@@ -190,8 +184,7 @@ def train(
         if should_stop():
             break
         started = time.perf_counter()
-        weights = [len(groups[n]) for n in names]  # each group in proportion to its size
-        expert_group = rng.choices(names, weights=weights)[0] if len(names) > 1 else names[0]
+        expert_group = _draw_group(rng, groups, names)
         if underneath is not None:
             frozen = list(underneath(expert_group))
         if step and step % config.refresh_every == 0:
@@ -201,53 +194,166 @@ def train(
                 engine.unload_adapter(rollout)
             rollout = engine.load_adapter(path)
         engine.set_adapters([*frozen, *([rollout] if rollout else [])])
-
-        prompts, completions, sampler, rewards, is_correction = [], [], [], [], []
-        for episode in (rng.choice(groups[expert_group]) for _ in range(config.episodes_per_step)):
-            target = episode.chosen if episode.chosen else episode.rejected
-            prompt, chosen = completion_tokens(engine, episode.messages, target or "")
-            members = []
-            for g in range(config.group_size):
-                params = GenerationParams(
-                    max_tokens=config.max_new_tokens,
-                    temperature=config.temperature,
-                    seed=config.seed * 7919 + step * 31 + g,
-                )
-                done = engine.generate(prompt, params)
-                tokens = done.tokens + ([done.stop_token] if done.stop_token is not None else [])
-                members.append((tokens, done.text))
-            group = [*members, (chosen, target or "")]
-            for tokens, text in group:
-                prompts.append(prompt)
-                completions.append(tokens)
-                sampler.append(engine.token_logprobs(prompt, tokens).tolist())
-                is_correction.append(bool(episode.chosen) and text == episode.chosen and tokens is chosen)
-            rewards.append([reward(text, episode) for _, text in group])
+        sampled = sample_step(engine, rng, groups[expert_group], expert_group, step, config, reward)
         result.rollout_seconds += time.perf_counter() - started
-
-        trained = time.perf_counter()
-        batch = make_batch(prompts, completions)
-        outcome = backend.train_step(batch, grpo_objective(batch, sampler, rewards, is_correction, config, backend))
-        tokens = batch.n_tokens
-        result.trainer_seconds += time.perf_counter() - trained
-        result.trainer_tokens += tokens
-        log = StepLog(
-            step=step,
-            loss=outcome.loss,
-            policy=outcome.parts["policy"],
-            kl=outcome.parts["kl"],
-            sft=outcome.parts["sft"],
-            reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
-            trainer_tokens=tokens,
-            seconds=time.perf_counter() - started,
-            total=total,
-        )
-        result.steps.append(log)
-        if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < total:
-            result.checkpoints.append(Checkpoint(step + 1, backend.lora_weights()))
-        if on_step is not None:
-            on_step(log)
+        _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step)
     engine.set_adapters(list(frozen))
     if rollout is not None:
         engine.unload_adapter(rollout)
+    return result
+
+
+@dataclass
+class StepRollouts:
+    """One step's sampled groups, everything the trainer needs and nothing of the engine's."""
+
+    step: int
+    group: str  # the expert underneath ("" = the bare base)
+    prompts: list[list[int]] = field(default_factory=list)
+    completions: list[list[int]] = field(default_factory=list)
+    sampler: list[list[float]] = field(default_factory=list)  # llama.cpp's log-probabilities
+    rewards: list[list[float]] = field(default_factory=list)
+    is_correction: list[bool] = field(default_factory=list)
+
+
+def _groups(episodes: Sequence[Episode], group_of: Callable[[Episode], str]) -> tuple[dict, list[str]]:
+    usable = [e for e in episodes if e.chosen or e.rejected]
+    if not usable:
+        raise ValueError("learning needs at least one episode with a chosen or a rejected reply")
+    groups: dict[str, list[Episode]] = {}
+    for episode in usable:
+        groups.setdefault(group_of(episode), []).append(episode)
+    return groups, sorted(groups)
+
+
+def _draw_group(rng: random.Random, groups: dict[str, list[Episode]], names: list[str]) -> str:
+    weights = [len(groups[n]) for n in names]  # each group in proportion to its size
+    return rng.choices(names, weights=weights)[0] if len(names) > 1 else names[0]
+
+
+def sample_step(
+    engine: Engine,
+    rng: random.Random,
+    pool: Sequence[Episode],
+    group: str,
+    step: int,
+    config: LearnConfig,
+    reward: RewardFn,
+) -> StepRollouts:
+    """`episodes_per_step` episodes from `pool`, each with `group_size` replies sampled by the
+    engine under its current adapters, the correction as one more member, the sampler's
+    log-probabilities and the rewards."""
+    out = StepRollouts(step, group)
+    for episode in (rng.choice(pool) for _ in range(config.episodes_per_step)):
+        target = episode.chosen if episode.chosen else episode.rejected
+        prompt, chosen = completion_tokens(engine, episode.messages, target or "")
+        members = []
+        for g in range(config.group_size):
+            params = GenerationParams(
+                max_tokens=config.max_new_tokens,
+                temperature=config.temperature,
+                seed=config.seed * 7919 + step * 31 + g,
+            )
+            done = engine.generate(prompt, params)
+            tokens = done.tokens + ([done.stop_token] if done.stop_token is not None else [])
+            members.append((tokens, done.text))
+        group_members = [*members, (chosen, target or "")]
+        for tokens, text in group_members:
+            out.prompts.append(prompt)
+            out.completions.append(tokens)
+            out.sampler.append(engine.token_logprobs(prompt, tokens).tolist())
+            out.is_correction.append(bool(episode.chosen) and text == episode.chosen and tokens is chosen)
+        out.rewards.append([reward(text, episode) for _, text in group_members])
+    return out
+
+
+def _learn_step(
+    backend: TrainerBackend,
+    sampled: StepRollouts,
+    config: LearnConfig,
+    result: TrainResult,
+    started: float,
+    total: int,
+    checkpoint_every: int,
+    on_step: Callable[[StepLog], None] | None,
+) -> None:
+    """One optimizer step on `sampled`, logged (and checkpointed every `checkpoint_every`)."""
+    step, rewards = sampled.step, sampled.rewards
+    trained = time.perf_counter()
+    batch = make_batch(sampled.prompts, sampled.completions)
+    objective = grpo_objective(batch, sampled.sampler, rewards, sampled.is_correction, config, backend)
+    outcome = backend.train_step(batch, objective)
+    tokens = batch.n_tokens
+    result.trainer_seconds += time.perf_counter() - trained
+    result.trainer_tokens += tokens
+    log = StepLog(
+        step=step,
+        loss=outcome.loss,
+        policy=outcome.parts["policy"],
+        kl=outcome.parts["kl"],
+        sft=outcome.parts["sft"],
+        reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
+        trainer_tokens=tokens,
+        seconds=time.perf_counter() - started,
+        total=total,
+    )
+    result.steps.append(log)
+    if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < total:
+        result.checkpoints.append(Checkpoint(step + 1, backend.lora_weights()))
+    if on_step is not None:
+        on_step(log)
+
+
+def sample_night(
+    engine: Engine,
+    episodes: Sequence[Episode],
+    config: LearnConfig,
+    *,
+    steps: int,
+    reward: RewardFn = default_reward,
+    should_stop: Callable[[], bool] = lambda: False,
+    underneath: Callable[[str], Sequence[AdapterHandle]] | None = None,
+    group_of: Callable[[Episode], str] = lambda e: "",
+) -> tuple[list[StepRollouts], float]:
+    """The sequential plan's first phase: every step's rollouts for the night, through
+    llama.cpp alone (no trainer resident), drawn exactly as `train` draws them (same groups,
+    same episodes, same seeds). All are sampled under the frozen expert only, as `train`'s
+    first `refresh_every` steps are. Returns the rollouts and their seconds."""
+    rng = random.Random(config.seed)
+    groups, names = _groups(episodes, group_of)
+    started = time.perf_counter()
+    night: list[StepRollouts] = []
+    for step in range(steps):
+        if should_stop():
+            break
+        expert_group = _draw_group(rng, groups, names)
+        engine.set_adapters(list(underneath(expert_group)) if underneath is not None else [])
+        night.append(sample_step(engine, rng, groups[expert_group], expert_group, step, config, reward))
+    engine.set_adapters([])
+    return night, time.perf_counter() - started
+
+
+def train_on_rollouts(
+    backend: TrainerBackend,
+    night: Sequence[StepRollouts],
+    config: LearnConfig,
+    *,
+    on_step: Callable[[StepLog], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    underneath: Callable[[str], object] | None = None,
+    checkpoint_every: int = 0,
+) -> TrainResult:
+    """The sequential plan's second phase: the trainer steps on rollouts sampled before it was
+    loaded (the engine is closed meanwhile). They grow stale as the LoRA moves; the loss
+    already corrects for that: its importance ratio is taken against the sampler's recorded
+    log-probabilities (truncated at `is_cap`, clipped at `clip_eps`), not against the trainer's
+    own, so an off-policy sample is reweighted the same way as the correction in every group."""
+    result = TrainResult()
+    for sampled in night:
+        if should_stop():
+            break
+        started = time.perf_counter()
+        if underneath is not None:
+            underneath(sampled.group)  # the group's expert stacked or folded into the trainer
+        _learn_step(backend, sampled, config, result, started, len(night), checkpoint_every, on_step)
     return result

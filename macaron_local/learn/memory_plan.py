@@ -101,11 +101,15 @@ def trainer_bytes_estimate(checkpoint_bytes: int, expert_bytes: int, backend: st
     return int(base + 2 * expert_bytes + 2 * GIB)
 
 
-def machine_memory_plan(settings, total_bytes: int | None = None, app_bytes: int = 0) -> MemoryPlan | None:
+def machine_memory_plan(settings, total_bytes: int | None = None, app_bytes: int | None = None) -> MemoryPlan | None:
     """The plan for the active model on this machine, for models whose trainer stacks its
     experts from a trainer checkpoint (Tall); None for the others (small models always fit) or
-    when a figure is unknown. The daemon's `memory` condition reads it."""
+    when a figure is unknown. The daemon's `memory` condition reads it.
+
+    `app_bytes` None: an open chat app (any open session, seen through its shared lock in the
+    data dir) is counted as one more engine of the same model, 0 when none is open."""
     from macaron_local.catalog import SLOTS, Catalog
+    from macaron_local.daemon.locks import chat_app_open
     from macaron_local.fit import RUNTIME_OVERHEAD_BYTES, machine_ram_bytes
     from macaron_local.learn.backends import choose_backend
     from macaron_local.learn.backends.checkpoint import checkpoint_bytes, resolve_checkpoint
@@ -132,4 +136,14 @@ def machine_memory_plan(settings, total_bytes: int | None = None, app_bytes: int
     total = total_bytes if total_bytes is not None else machine_ram_bytes()
     if total is None:
         return None
+    if app_bytes is None:
+        app_bytes = engine if chat_app_open(settings) else 0
     return plan_memory(Footprint(engine, trainer, app_bytes), total)
+
+
+def nightly_mode(settings) -> str:
+    """How `learn.run` holds the base tonight: `together` (engine and trainer open side by
+    side) unless this machine's plan says they cannot both be resident, then `sequential`
+    (also the smaller plan when the daemon's condition was bypassed, e.g. `macaron learn`)."""
+    plan = machine_memory_plan(settings)
+    return "together" if plan is None or plan.mode == "together" else "sequential"

@@ -32,8 +32,17 @@ from macaron_local.engine import AdapterHandle, Engine, EngineConfig, Generation
 from macaron_local.learn import gate
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
-from macaron_local.learn.export import export_gguf, parity_check
-from macaron_local.learn.loop import LearnConfig, StepLog, completion_tokens, train
+from macaron_local.learn.export import ParityReport, export_gguf, parity_check, parity_from_effects, trainer_effects
+from macaron_local.learn.loop import (
+    LearnConfig,
+    StepLog,
+    TrainResult,
+    completion_tokens,
+    sample_night,
+    train,
+    train_on_rollouts,
+)
+from macaron_local.learn.memory_plan import nightly_mode
 from macaron_local.learn.personal import PERSONAL_SLOT
 from macaron_local.learn.plan import NightPlan, plan_night
 from macaron_local.learn.stacking import expert_trainer_source, stacked_source
@@ -110,9 +119,11 @@ def serve_params(catalog: Catalog) -> GenerationParams:
 class Experts:
     """The shipped experts, in the engine and (one at a time) folded into the trainer's base."""
 
-    def __init__(self, engine: Engine, catalog: Catalog, manifest: Manifest, base: BaseModelInfo) -> None:
+    def __init__(self, engine: Engine | None, catalog: Catalog, manifest: Manifest, base: BaseModelInfo) -> None:
+        """`engine` None: the trainer's side alone (the sequential plan's closed engine)."""
         self.paths = {slot: catalog.expert_path(manifest, slot) for slot in SLOTS}
-        self.handles = {slot: engine.load_adapter(p) for slot, p in self.paths.items() if p is not None}
+        loaded = self.paths.items() if engine is not None else ()
+        self.handles = {slot: engine.load_adapter(p) for slot, p in loaded if p is not None}
         self.base = base
         self.sources = {str(p): expert_trainer_source(catalog, manifest, s) for s, p in self.paths.items() if p}
         self._deltas: dict[str, dict[str, np.ndarray]] = {}
@@ -161,8 +172,12 @@ def learn_personal(
     backend_factory: Callable[[float], object] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     system_prompt: str | None = None,
+    mode: str | None = None,
 ) -> SlotReport:
-    """Plan, train, gate (backing off if need be) and deploy the user's personal adapter."""
+    """Plan, train, gate (backing off if need be) and deploy the user's personal adapter.
+
+    `mode` is how the base is held: `together` (engine and trainer side by side) or
+    `sequential` (one at a time); None takes it from this machine's memory plan."""
     started = time.perf_counter()
     slot = PERSONAL_SLOT
     plan = plan_night(episodes, store.learning_runs(), config)
@@ -181,6 +196,13 @@ def learn_personal(
         def backend_factory(lr: float):
             return make_backend(config.backend, lr)
 
+    mode = mode or nightly_mode(catalog.settings)
+    if mode not in ("together", "sequential"):
+        raise ValueError(f"unknown memory mode {mode!r} (together or sequential)")
+    if mode == "sequential":
+        return _learn_sequential(
+            store, catalog, manifest, plan, config, on_step, backend_factory, should_stop, system_prompt, started
+        )
     with (
         run_workdir(store.db_path.parent / "learn-work") as workdir,
         Engine(EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads)) as engine,
@@ -209,116 +231,292 @@ def learn_personal(
             checkpoint_every=config.refresh_every,
         )
         if len(result.steps) < plan.steps:
-            reason = f"interrupted after {len(result.steps)} of {plan.steps} steps; its feedback waits for the next run"
-            run_id = store.record_learning_run(
-                slot=slot,
-                status="interrupted",
-                feedback_ids=[],  # not consumed: the next run still counts it as new
-                decision="skipped",
-                reason=reason,
-                metrics={"steps": len(result.steps), "pending_feedback_ids": plan.feedback_ids},
-            )
-            return SlotReport(slot, "skipped", reason, None, run_id, {"steps": len(result.steps)})
+            return _interrupted(store, plan, result)
         train_wall = time.perf_counter() - started
         experts.underneath("")  # parity compares the adapter alone, on the bare base, both sides
         samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
-        current_handle = engine.load_adapter(deployed.path) if deployed else None
-        judging = started_judging = time.perf_counter()
-        reference = gate.score(engine, experts.stack(None), [], [], system_prompt, serve).regression
-        current = gate.score(
-            engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False
-        )
 
-        def judge(candidate: Candidate) -> Candidate:
+        def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
             _set_weights(backend, candidate.weights, candidate.scale)
-            candidate.file = export_gguf(
-                backend, base, workdir / f"candidate-{candidate.name}.gguf", task_name="personal"
-            )
-            parity = parity_check(engine, candidate.file, backend, samples, PARITY_TOLERANCE)
-            handle = engine.load_adapter(candidate.file)
-            scores = gate.score(engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve)
-            reasons, figures = gate.verdict(scores, current, reference)
-            if not parity.ok:
-                reasons.insert(0, parity.summary())
-            figures["parity_max_abs_diff"] = round(parity.max_abs_diff, 5)
-            figures["parity_mean_abs_diff"] = round(parity.mean_abs_diff, 5)
-            candidate.reasons, candidate.figures, candidate.passed = reasons, figures, not reasons
-            engine.set_adapters([])
-            engine.unload_adapter(handle)
-            return candidate
+            file = export_gguf(backend, base, workdir / f"candidate-{candidate.name}.gguf", task_name="personal")
+            return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE)
 
-        final = Candidate("final", len(result.steps), config.lr, config.kl_beta, backend.lora_weights())
-        tried = [judge(final)]
-        judge_s = time.perf_counter() - judging
-        budget_end = time.perf_counter() + config.backoff_s
-        if not final.passed:
-            fallbacks = [
-                Candidate(f"step-{c.step}", c.step, config.lr, config.kl_beta, c.weights)
-                for c in reversed(result.checkpoints)
-            ]
-            fallbacks.append(Candidate("final-half", final.step, config.lr, config.kl_beta, final.weights, HALF))
-            for candidate in fallbacks:
-                if time.perf_counter() + judge_s > budget_end:
-                    break
-                tried.append(judge(candidate))
-            if not any(c.passed for c in tried) and time.perf_counter() + train_wall + judge_s <= budget_end:
-                tried.append(judge(_retrain(backend, engine, base, plan, config, workdir, experts, initial)))
-        best = max((c for c in tried if c.passed), key=lambda c: c.figures["heldout_reward_after"], default=None)
-        chosen = best or final
-        decision = "deployed" if best else "rejected"
-        if best:
-            f = best.figures
-            reason = (
-                f"{best.name}: held-out feedback {f['heldout_reward_before']:.3f} -> {f['heldout_reward_after']:.3f}, "
-                f"passage NLL {f['regression_nll_delta']:+.1%} vs the bare experts, "
-                f"factual answers {f['regression_qa_reference']} -> {f['regression_qa_after']}"
-            )
-        else:
-            reason = "; ".join(final.reasons)
-            if len(tried) > 1:
-                reason += f" (and {len(tried) - 1} fallback candidate(s) failed too)"
-        metrics = {
-            "train_episodes": len(plan.train),
-            "new_episodes": len(plan.new_train),
-            "replay_episodes": len(plan.replay),
-            "heldout_episodes": len(plan.held_new),
-            "heldout_conversations": plan.new_heldout_conversations,
-            "night": plan.night,
-            "start": start_note,
-            "steps": len(result.steps),
-            "losses": [round(s.loss, 4) for s in result.steps],
-            "final_kl": round(result.steps[-1].kl, 4) if result.steps else None,
-            "trainer_tokens_per_s": round(result.trainer_tokens_per_s, 1),
-            "train_s": round(train_wall, 1),
-            "judge_s": round(time.perf_counter() - started_judging, 1),
-            "chosen": chosen.name,
-            **chosen.figures,
-            "candidates": [c.summary() for c in tried],
-        }
-        metrics["wall_s"] = round(time.perf_counter() - started, 1)
-        feedback_ids = plan.feedback_ids
-        run_id = store.record_learning_run(
-            slot=slot, status="done", feedback_ids=feedback_ids, decision=decision, reason=reason, metrics=metrics
+        def retrain() -> Candidate:
+            return _retrain(backend, engine, base, plan, config, workdir, experts, initial)
+
+        return _gate_and_record(
+            store, manifest, engine, experts, plan, config, deployed, result, backend.lora_weights(), started,
+            train_wall, start_note, system_prompt, serve, prepare, retrain, {},
+        )  # fmt: skip
+
+
+def _interrupted(store: Store, plan: NightPlan, result: TrainResult) -> SlotReport:
+    slot = PERSONAL_SLOT
+    reason = f"interrupted after {len(result.steps)} of {plan.steps} steps; its feedback waits for the next run"
+    run_id = store.record_learning_run(
+        slot=slot,
+        status="interrupted",
+        feedback_ids=[],  # not consumed: the next run still counts it as new
+        decision="skipped",
+        reason=reason,
+        metrics={"steps": len(result.steps), "pending_feedback_ids": plan.feedback_ids},
+    )
+    return SlotReport(slot, "skipped", reason, None, run_id, {"steps": len(result.steps)})
+
+
+def _fallbacks(result: TrainResult, final: Candidate, config: LearnConfig) -> list[Candidate]:
+    """The cheap back-off candidates, in the order they are judged: the run's checkpoints
+    (newest first), then the final update at half strength."""
+    fallbacks = [
+        Candidate(f"step-{c.step}", c.step, config.lr, config.kl_beta, c.weights) for c in reversed(result.checkpoints)
+    ]
+    fallbacks.append(Candidate("final-half", final.step, config.lr, config.kl_beta, final.weights, HALF))
+    return fallbacks
+
+
+def _gate_and_record(
+    store: Store,
+    manifest: Manifest,
+    engine: Engine,
+    experts: Experts,
+    plan: NightPlan,
+    config: LearnConfig,
+    deployed,
+    result: TrainResult,
+    final_weights: dict[str, np.ndarray],
+    started: float,
+    train_wall: float,
+    start_note: str,
+    system_prompt: str,
+    serve: GenerationParams,
+    prepare: Callable[[Candidate], tuple[Path, ParityReport]],
+    retrain: Callable[[], Candidate] | None,
+    extra_metrics: dict,
+) -> SlotReport:
+    """Judge the final candidate (then the back-off ones) the way the user is served, register
+    every one tried and deploy the best that passes. `prepare` gives a candidate's exported
+    file and its parity report; `retrain` (None: not offered) the gentler retrain."""
+    slot = PERSONAL_SLOT
+    current_handle = engine.load_adapter(deployed.path) if deployed else None
+    judging = started_judging = time.perf_counter()
+    reference = gate.score(engine, experts.stack(None), [], [], system_prompt, serve).regression
+    current = gate.score(
+        engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False
+    )
+
+    def judge(candidate: Candidate) -> Candidate:
+        candidate.file, parity = prepare(candidate)
+        handle = engine.load_adapter(candidate.file)
+        scores = gate.score(engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve)
+        reasons, figures = gate.verdict(scores, current, reference)
+        if not parity.ok:
+            reasons.insert(0, parity.summary())
+        figures["parity_max_abs_diff"] = round(parity.max_abs_diff, 5)
+        figures["parity_mean_abs_diff"] = round(parity.mean_abs_diff, 5)
+        candidate.reasons, candidate.figures, candidate.passed = reasons, figures, not reasons
+        engine.set_adapters([])
+        engine.unload_adapter(handle)
+        return candidate
+
+    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
+    tried = [judge(final)]
+    judge_s = time.perf_counter() - judging
+    budget_end = time.perf_counter() + config.backoff_s
+    if not final.passed:
+        for candidate in _fallbacks(result, final, config):
+            if time.perf_counter() + judge_s > budget_end:
+                break
+            tried.append(judge(candidate))
+        if (
+            retrain is not None
+            and not any(c.passed for c in tried)
+            and time.perf_counter() + train_wall + judge_s <= budget_end
+        ):
+            tried.append(judge(retrain()))
+    best = max((c for c in tried if c.passed), key=lambda c: c.figures["heldout_reward_after"], default=None)
+    chosen = best or final
+    decision = "deployed" if best else "rejected"
+    if best:
+        f = best.figures
+        reason = (
+            f"{best.name}: held-out feedback {f['heldout_reward_before']:.3f} -> {f['heldout_reward_after']:.3f}, "
+            f"passage NLL {f['regression_nll_delta']:+.1%} vs the bare experts, "
+            f"factual answers {f['regression_qa_reference']} -> {f['regression_qa_after']}"
         )
-        for candidate in tried:
-            assert candidate.file is not None
-            version = store.register_adapter(
-                candidate.file,
-                slot=slot,
-                base_model=manifest.name,
-                rank=config.rank,
-                parent_id=deployed.id if deployed else None,
-                learning_run_id=run_id,
-                feedback_ids=feedback_ids,
-                evaluations={"candidate": candidate.summary(), "run": {k: metrics[k] for k in ("night", "steps")}},
-                status="candidate" if candidate is best else "rejected",
-            )
-            candidate.version_id = version.id
-        assert chosen.version_id is not None
-        if best:
-            store.deploy_adapter(chosen.version_id)
-        store.set_learning_run_adapter(run_id, chosen.version_id)
+    else:
+        reason = "; ".join(final.reasons)
+        if len(tried) > 1:
+            reason += f" (and {len(tried) - 1} fallback candidate(s) failed too)"
+    metrics = {
+        "train_episodes": len(plan.train),
+        "new_episodes": len(plan.new_train),
+        "replay_episodes": len(plan.replay),
+        "heldout_episodes": len(plan.held_new),
+        "heldout_conversations": plan.new_heldout_conversations,
+        "night": plan.night,
+        "start": start_note,
+        "steps": len(result.steps),
+        "losses": [round(s.loss, 4) for s in result.steps],
+        "final_kl": round(result.steps[-1].kl, 4) if result.steps else None,
+        "trainer_tokens_per_s": round(result.trainer_tokens_per_s, 1),
+        "train_s": round(train_wall, 1),
+        "judge_s": round(time.perf_counter() - started_judging, 1),
+        "chosen": chosen.name,
+        **chosen.figures,
+        "candidates": [c.summary() for c in tried],
+        **extra_metrics,
+    }
+    metrics["wall_s"] = round(time.perf_counter() - started, 1)
+    feedback_ids = plan.feedback_ids
+    run_id = store.record_learning_run(
+        slot=slot, status="done", feedback_ids=feedback_ids, decision=decision, reason=reason, metrics=metrics
+    )
+    for candidate in tried:
+        assert candidate.file is not None
+        version = store.register_adapter(
+            candidate.file,
+            slot=slot,
+            base_model=manifest.name,
+            rank=config.rank,
+            parent_id=deployed.id if deployed else None,
+            learning_run_id=run_id,
+            feedback_ids=feedback_ids,
+            evaluations={"candidate": candidate.summary(), "run": {k: metrics[k] for k in ("night", "steps")}},
+            status="candidate" if candidate is best else "rejected",
+        )
+        candidate.version_id = version.id
+    assert chosen.version_id is not None
+    if best:
+        store.deploy_adapter(chosen.version_id)
+    store.set_learning_run_adapter(run_id, chosen.version_id)
     return SlotReport(slot, decision, reason, chosen.version_id, run_id, metrics)
+
+
+def _learn_sequential(
+    store: Store,
+    catalog: Catalog,
+    manifest: Manifest,
+    plan: NightPlan,
+    config: LearnConfig,
+    on_step: Callable[[StepLog], None] | None,
+    backend_factory: Callable[[float], object],
+    should_stop: Callable[[], bool],
+    system_prompt: str,
+    started: float,
+) -> SlotReport:
+    """The night with one copy of the base resident at a time (the memory plan's `sequential`):
+
+    1. engine only: every step's rollouts (with llama.cpp's log-probabilities) and the parity
+       samples' tokens, then the engine is closed;
+    2. trainer only: it steps on those rollouts (the importance ratio against the recorded
+       sampler log-probabilities corrects for their staleness: see `loop.train_on_rollouts`),
+       exports every candidate the gate may judge and keeps its side of parity as numbers, then
+       it is freed;
+    3. engine only again: parity against those numbers, the gate, register, deploy.
+    The gentler retrain (the last back-off) would need the trainer a second time after the gate
+    and is not offered in this plan. `phases` in the run's metrics records what was resident
+    when, read from the engine and trainer objects themselves."""
+    import gc
+    import weakref
+
+    serve = serve_params(catalog)
+    base_path = catalog.base_path(manifest)
+    base = BaseModelInfo.from_gguf(base_path)
+    deployed = store.deployed_adapter(PERSONAL_SLOT, manifest.name)
+    phases: list[str] = []
+    engine_config = EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset")
+    with run_workdir(store.db_path.parent / "learn-work") as workdir:
+        with Engine(engine_config) as engine:
+            experts = Experts(engine, catalog, manifest, base)
+            night, rollout_s = sample_night(
+                engine,
+                plan.train,
+                config,
+                steps=plan.steps,
+                should_stop=should_stop,
+                underneath=experts.underneath,
+                group_of=experts.group,
+            )
+            samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+            phases.append(f"rollouts: {len(night)} steps through llama.cpp, no trainer loaded")
+        rollout_engine = weakref.ref(engine)
+        del engine, experts
+        gc.collect()
+
+        def engine_gone() -> bool:
+            held = rollout_engine()
+            return held is None or held.closed
+
+        phases.append(f"engine closed: {engine_gone()}")
+        backend = backend_factory(config.lr)
+        backend.load(base_path, checkpoint=catalog.trainer_checkpoint(manifest))
+        backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
+        trainer_experts = Experts(None, catalog, manifest, base)
+        trainer_experts.backend = backend
+        start_note = "started from zero"
+        if deployed is not None and config.warm_start:
+            start_note = warm_start(backend, Path(deployed.path), base, config.rank, config.alpha)
+        open_while_training: list[bool] = []
+
+        def stepped(log: StepLog) -> None:
+            open_while_training.append(not engine_gone())
+            if on_step is not None:
+                on_step(log)
+
+        result = train_on_rollouts(
+            backend,
+            night,
+            config,
+            on_step=stepped,
+            should_stop=should_stop,
+            underneath=trainer_experts.underneath,
+            checkpoint_every=config.refresh_every,
+        )
+        result.rollout_seconds = rollout_s
+        phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
+        if len(result.steps) < plan.steps:
+            return _interrupted(store, plan, result)
+        train_wall = time.perf_counter() - started
+        trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
+        final_weights = backend.lora_weights()
+        final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
+        prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
+        for candidate in [final, *_fallbacks(result, final, config)]:
+            _set_weights(backend, candidate.weights, candidate.scale)
+            file = export_gguf(backend, base, workdir / f"candidate-{candidate.name}.gguf", task_name="personal")
+            prepared[candidate.name] = (file, trainer_effects(backend, samples))
+        trainer = weakref.ref(backend)
+        del backend, trainer_experts
+        gc.collect()
+        _free_accelerator_cache()
+        phases.append(f"trainer freed before the engine reopened: {trainer() is None}")
+
+        with Engine(engine_config) as engine:
+            experts = Experts(engine, catalog, manifest, base)
+            experts.underneath("")
+
+            def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
+                file, effects = prepared[candidate.name]
+                return file, parity_from_effects(engine, file, samples, effects, PARITY_TOLERANCE)
+
+            phases.append("gate: engine reopened for parity and the gate, no trainer loaded")
+            return _gate_and_record(
+                store, manifest, engine, experts, plan, config, deployed, result, final_weights, started,
+                train_wall, start_note, system_prompt, serve, prepare, None,
+                {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)},
+            )  # fmt: skip
+
+
+def _free_accelerator_cache() -> None:
+    """Return the freed trainer's CUDA/MPS blocks to the device before llama.cpp reloads."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    mx = sys.modules.get("mlx.core")
+    if mx is not None and hasattr(mx, "clear_cache"):
+        mx.clear_cache()
 
 
 def _retrain(backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial) -> Candidate:
@@ -350,6 +548,7 @@ def learn_once(
     on_step: Callable[[StepLog], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     system_prompt: str | None = None,
+    mode: str | None = None,
 ) -> list[SlotReport]:
     """One night: the personal adapter, learned from the feedback of every expert's turns (or
     only of the expert `slots` given). Returns one report, or none when there is no feedback."""
@@ -357,4 +556,4 @@ def learn_once(
     episodes = [e for e in episodes_from_store(store) if slots is None or e.slot in slots]
     if not episodes or should_stop():
         return []
-    return [learn_personal(store, catalog, manifest, episodes, config, on_step, None, should_stop, system_prompt)]
+    return [learn_personal(store, catalog, manifest, episodes, config, on_step, None, should_stop, system_prompt, mode)]
