@@ -447,6 +447,8 @@ def _learn_sequential(
             return held is None or held.closed
 
         phases.append(f"engine closed: {engine_gone()}")
+        if len(night) < plan.steps:  # stopped while sampling: no trainer is loaded for nothing
+            return _interrupted(store, plan, TrainResult())
         backend = backend_factory(config.lr)
         backend.load(base_path, checkpoint=catalog.trainer_checkpoint(manifest))
         backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
