@@ -119,3 +119,21 @@ def test_the_sequential_night_on_the_tiny_qwen3_5_moe_with_stacked_experts(tmp_p
     assert "engine open while training: False" in seq.metrics["phases"][2]
     assert seq.metrics["parity_max_abs_diff"] <= 5e-3
     assert np.allclose(seq.metrics["losses"], reports["together"].metrics["losses"], atol=1e-4)
+
+
+def test_a_sequential_night_stopped_while_sampling_keeps_its_feedback(home, tiny_model, tmp_path):
+    model_path = tmp_path / "tiny-stop.gguf"
+    shutil.copy(tiny_model("llama", False, n_ctx_train=2048).path, model_path)
+    seed(home, model_path)
+    calls = []
+
+    def stop() -> bool:  # learn_once asks once, then sample_night once per step: stop at step 1
+        calls.append(1)
+        return len(calls) > 2
+
+    catalog = Catalog(home)
+    with open_default_store(home) as store:
+        [report] = learn_once(store, catalog, catalog.get("tiny"), CONFIG, should_stop=stop, mode="sequential")
+        [run] = store.learning_runs()
+    assert report.decision == "skipped" and "interrupted after 0 of" in report.reason
+    assert run.status == "interrupted" and run.feedback_ids == [] and run.adapter_version is None

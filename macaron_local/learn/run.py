@@ -208,13 +208,7 @@ def learn_personal(
         Engine(EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads)) as engine,
     ):
         experts = Experts(engine, catalog, manifest, base)
-        backend = backend_factory(config.lr)
-        backend.load(base_path, checkpoint=catalog.trainer_checkpoint(manifest))
-        backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
-        experts.backend = backend
-        start_note = "started from zero"
-        if deployed is not None and config.warm_start:
-            start_note = warm_start(backend, Path(deployed.path), base, config.rank, config.alpha)
+        backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, experts)
         initial = backend.lora_weights()
         result = train(
             backend,
@@ -248,6 +242,18 @@ def learn_personal(
             store, manifest, engine, experts, plan, config, deployed, result, backend.lora_weights(), started,
             train_wall, start_note, system_prompt, serve, prepare, retrain, {},
         )  # fmt: skip
+
+
+def _load_trainer(backend_factory, config: LearnConfig, catalog: Catalog, manifest: Manifest, deployed, base, experts):
+    """The trainer with a fresh personal LoRA, warm-started from the deployed version if any."""
+    backend = backend_factory(config.lr)
+    backend.load(catalog.base_path(manifest), checkpoint=catalog.trainer_checkpoint(manifest))
+    backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
+    experts.backend = backend
+    start_note = "started from zero"
+    if deployed is not None and config.warm_start:
+        start_note = warm_start(backend, Path(deployed.path), base, config.rank, config.alpha)
+    return backend, start_note
 
 
 def _interrupted(store: Store, plan: NightPlan, result: TrainResult) -> SlotReport:
@@ -448,14 +454,10 @@ def _learn_sequential(
             return held is None or held.closed
 
         phases.append(f"engine closed: {engine_gone()}")
-        backend = backend_factory(config.lr)
-        backend.load(base_path, checkpoint=catalog.trainer_checkpoint(manifest))
-        backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
+        if len(night) < plan.steps:  # stopped while sampling: no trainer is loaded for nothing
+            return _interrupted(store, plan, TrainResult())
         trainer_experts = Experts(None, catalog, manifest, base)
-        trainer_experts.backend = backend
-        start_note = "started from zero"
-        if deployed is not None and config.warm_start:
-            start_note = warm_start(backend, Path(deployed.path), base, config.rank, config.alpha)
+        backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, trainer_experts)
         open_while_training: list[bool] = []
 
         def stepped(log: StepLog) -> None:
