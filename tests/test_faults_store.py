@@ -278,7 +278,8 @@ def test_disk_full_while_converting_a_peft_export(world, tmp_path, monkeypatch, 
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     source = peft_dir(tmp_path / "peft", world.model)
     with monkeypatch.context() as patched:
-        patched.setattr(gguf.GGUFWriter, "write_tensors_to_file", full)
+        patched.setattr(gguf.GGUFWriter, "write_tensors_to_file", full)  # a whole adapter at once
+        patched.setattr(gguf.GGUFWriter, "write_tensor_data", full)  # the streaming converter, tensor by tensor
         with world.store() as store, pytest.raises(StoreError, match="no space left") as caught:
             before = sorted(p.name for p in store.adapters_dir.iterdir())
             import_plugin(store, Catalog(world.home), source, slot="L0", base_model="tiny", name="p")

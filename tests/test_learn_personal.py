@@ -26,6 +26,8 @@ from macaron_local.learn.loop import LearnConfig, completion_tokens  # noqa: E40
 from macaron_local.learn.personal import PERSONAL_SLOT  # noqa: E402
 from macaron_local.learn.plan import plan_night  # noqa: E402
 from macaron_local.learn.run import Experts, learn_once  # noqa: E402
+from macaron_local.protocol.options import resolve_profile
+from macaron_local.protocol.views import system_message
 from macaron_local.session import Session  # noqa: E402
 from macaron_local.store import open_default_store  # noqa: E402
 
@@ -135,7 +137,7 @@ def test_one_personal_adapter_learns_from_every_expert_and_serves_on_any(experts
             expert = engine.load_adapter(adapters[slot])
             assert fact_logprob(engine, [expert, personal], prompt) > fact_logprob(engine, [expert], prompt) + 1.0
     with Session(home, model="tiny", engine_config={"n_ctx": 256, "kv_f32": True}) as session:
-        reply = session.send("fix this python bug", params=GREEDY).wait()
+        reply = session.send("fix this python bug", expert="L2", params=GREEDY).wait()
         assert reply.route.slot == "L2" and reply.adapters == (adapters["L2"].name, f"personal {version.id}")
         assert [h.path.name for h in session.adapters_for("L1")] == [version.path.rsplit("/", 1)[-1]]
 
@@ -196,7 +198,7 @@ def test_forget_withdraws_every_version_that_learned_it_and_the_next_night_retra
     assert served == (adapters["L0"].name,)
     with Engine(EngineConfig(model_path=model.path, n_ctx=256, kv_f32=True)) as engine:
         engine.set_adapters([engine.load_adapter(adapters["L0"])])
-        system = [{"role": "system", "content": "You are a helpful assistant."}]
+        system = [system_message("You are a helpful assistant.", resolve_profile(manifest))]  # the answer hop's
         tokens, _ = engine.prompt_for([*system, {"role": "user", "content": "ab 1"}], GREEDY.max_tokens)
         assert bare == engine.generate(tokens, GREEDY).text  # exactly what the bare expert says
     with open_default_store(home) as store:
