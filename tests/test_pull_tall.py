@@ -81,7 +81,15 @@ def published(tiny_model) -> dict[tuple[str, str], bytes]:
     return files
 
 
-PROFILE_TEXTS = {role: f"test {role} instruction\n".encode() for role in ("route", "lora", "intro", "summary")}
+# Stand-ins for Mind Lab's files, in the shape the protocol reads (the real text is never in this repo).
+_FAKE_SECTION = "## {x}\n\nadapter_name: {x}\n\n### Description\n\ntest expert {x}\n\n"
+_FAKE_LORA = "".join(_FAKE_SECTION.format(x=x) for x in ("L0", "L1", "L2", "L3"))
+PROFILE_TEXTS = {
+    "route": b"test route instruction\n{{LORA_DESCRIPTIONS}}\nlabels: {{ROUTE_LABELS}}\n",
+    "lora": _FAKE_LORA.encode(),
+    "intro": b"test intro instruction\n",
+    "summary": b"test summary instruction\n",
+}
 
 
 @pytest.fixture
