@@ -56,16 +56,24 @@ def test_kill_9_during_generation_loses_no_feedback(home):
     env = {**os.environ, "MACARON_HOME": str(home.data_dir.parent)}
     recorded: set[int] = set()
     kills = 0
+    # One answered turn to carry on from: every child rates it as soon as its own reply starts,
+    # even one killed during its first turn's route hop (the protocol's hops come first).
+    with open_default_store(Settings.load(home.data_dir.parent)) as store:
+        conversation = store.new_conversation("embedded", "You are a helpful assistant.")
+        question = store.add_message(conversation, "user", "Tell me a story.")
+        store.add_reply(conversation, question, "Once upon a time.", {"model": "embedded", "expert": "L0"})
     for _ in range(20):
         child = subprocess.Popen(
             [sys.executable, "-c", DRIVER], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        lines: list[str] = []
+        # Its first reply is streaming once it rates the turn before (the route hop's time varies
+        # with the machine); then the kill lands at a random point of the generation that follows.
+        lines: list[str] = [child.stdout.readline()]
         reader = threading.Thread(target=lines.extend, args=(child.stdout,), daemon=True)
         reader.start()
-        time.sleep(rng.uniform(0.2, 2.5))
+        time.sleep(rng.uniform(0.0, 2.5))
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
         reader.join(timeout=10)
