@@ -159,7 +159,7 @@ def test_tool_round_trip(served, client) -> None:
     assert "get_weather" in conversation.system_prompt  # the tools were in the model's prompt
     assert len(conversation.turns) == 2  # two replies generated; the few-shot history was recorded, not answered
     call_turn, answer_turn = sorted(conversation.turns, key=lambda t: t.created_at)
-    assert answer_turn.route_method == "sticky" and answer_turn.expert == call_turn.expert  # back to the caller
+    assert answer_turn.route_method == "pending" and answer_turn.expert == call_turn.expert  # back to the caller
 
 
 def test_tool_calls_stream_as_tool_call_deltas(served, client) -> None:
@@ -188,12 +188,12 @@ def test_a_correction_sent_as_feedback_is_an_episode_for_learning(served, client
         model="embedded", messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=8
     )
     status, _, body = server.request(
-        "POST", "/v1/feedback", {"message_id": reply.id, "correction": "2 + 2 = 4.", "rating": -1}
+        "POST", "/v1/feedback", {"message_id": reply.id, "correction": "Two plus two is four, always.", "rating": -1}
     )
     assert status == 200 and body["message_id"] == reply.model_extra["message_id"] and len(body["feedback_ids"]) == 2
     done = run_cli("learn", "--dry-run", "--json", home=root)
     assert done.returncode == 0, done.stderr
-    episodes = [e for e in json.loads(done.stdout) if e["chosen"] == "2 + 2 = 4."]
+    episodes = [e for e in json.loads(done.stdout) if e["chosen"] == "Two plus two is four, always."]
     assert episodes and episodes[0]["rejected"] == reply.choices[0].message.content
     assert episodes[0]["prompt"] == "What is 2+2?"
     status, _, body = server.request("POST", "/v1/feedback", {"message_id": "missing", "rating": 1})
