@@ -84,6 +84,8 @@ def test_macaron_learn_shows_progress_and_the_decision(tmp_path, tiny_model):
     assert run_cli("models", "add", "tiny", str(model.path), home=home).returncode == 0
     with open_default_store(Settings.load(home)) as store:
         seed(store, 8)
+    # The gate's back-off on random weights would spend its whole budget (300 s): a short one here.
+    (home / "config" / "settings.toml").write_text("[learn]\nbackoff_s = 20.0\n")
     done = run_cli("learn", "--model", "tiny", "--steps", "2", "--backend", "torch", home=home)
     assert done.returncode == 0, done.stderr
     progress = [line for line in done.stderr.splitlines() if line.startswith("learning (torch)")]
