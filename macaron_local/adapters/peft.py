@@ -9,10 +9,12 @@ the base weights. The result is validated against the base before it is written.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +109,18 @@ def qk_permuted_heads(base: BaseModelInfo, tensor: str) -> int | None:
 
 
 @np.errstate(all="ignore")  # overflow in untrusted values is checked and reported, never warned
+
+@contextlib.contextmanager
+def _shapes_must_fit(peft_dir: Path) -> Iterator[None]:
+    """A tensor whose shape the base's layout cannot take (numpy's reshape or index errors) is
+    one AdapterError line, wherever in the conversion it is met."""
+    try:
+        yield
+    except (ValueError, IndexError, ZeroDivisionError) as exc:
+        why = " ".join(str(exc).split())[:160]
+        raise AdapterError(f"{peft_dir}: tensor shapes do not fit the base model ({why})") from None
+
+
 def convert_peft_dir(
     peft_dir: str | os.PathLike[str],
     base: BaseModelInfo,
@@ -143,19 +157,13 @@ def convert_peft_dir(
     # is encoded, so the file is never held in memory whole.
     check_tensors(config, {name: weights.shape(name) for name in weights.names()}, peft_dir)
     alpha = float(config.get("lora_alpha", config.get("r", 8)))
-    try:
+    with _shapes_must_fit(peft_dir):  # planning reshapes what it can see from the header
         planned = plan_conversion(config, weights, base, peft_dir)
-    except (ValueError, IndexError, ZeroDivisionError) as exc:  # a shape the base's layout cannot take
-        why = " ".join(str(exc).split())[:160]
-        raise AdapterError(f"{peft_dir}: tensor shapes do not fit the base model ({why})") from None
     out_path = Path(out_path)
     tmp = out_path.with_name(f".{out_path.name}.unvalidated")
     try:
-        try:
+        with _shapes_must_fit(peft_dir):  # and the rest as each tensor is computed
             write_planned(tmp, base.architecture, alpha, planned, dtype=dtype, task_name=task_name, progress=progress)
-        except (ValueError, IndexError, ZeroDivisionError) as exc:  # a shape met as its tensor is computed
-            why = " ".join(str(exc).split())[:160]
-            raise AdapterError(f"{peft_dir}: tensor shapes do not fit the base model ({why})") from None
         validate_adapter(tmp, base)  # values and update range, read from block scales: about 1 ms per MB
         os.replace(tmp, out_path)
     finally:
