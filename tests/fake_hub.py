@@ -384,9 +384,11 @@ class _Handler(BaseHTTPRequestHandler):
         if cut is not None and cut < len(chunk):
             chunk = chunk[:cut]
             self.close_connection = True
+        # Counted before the write: the client can finish reading, and the test read the count,
+        # before this thread runs again after a write.
+        self.hub._served(len(chunk))
         self.wfile.write(chunk)
         self.wfile.flush()
-        self.hub._served(len(chunk))
 
     def _error(self, status: int, code: str | None, message: str, body: bool, commit: str | None = None) -> None:
         payload = json.dumps({"error": message}).encode()
