@@ -23,24 +23,17 @@ GROUPS = ("attention", "linear_attention", "shared_expert")
 CONTEXT = 4096  # the chat's system prompt and the regression passages need more than the test fixture's 256
 
 
-def build(out: Path, seed: int = 0) -> Path:
+def build(out: Path, seed: int = 0, *, text: bool = False) -> Path:
+    """`text`: a byte-level vocabulary that spells any prompt and a Qwen3-style template (for
+    the protocol's hops); otherwise the 64-token toy vocabulary and ChatML."""
     sys.path.insert(0, str(TESTS))
     import tiny_qwen35moe as tq
 
-    base_config = tq.hf_config
-
-    def longer_context():
-        config = base_config()
-        config.max_position_embeddings = CONTEXT
-        return config
-
-    tq.hf_config = longer_context
-    try:
-        model = tq.build_hf_model(seed)
-    finally:
-        tq.hf_config = base_config
+    n_vocab = tq.N_BYTE_VOCAB if text else tq.N_VOCAB
+    model = tq.build_hf_model(seed, n_vocab=n_vocab, context=CONTEXT)
+    template = tq.QWEN3_STYLE_TEMPLATE if text else tq.CHATML_TEMPLATE
     out.mkdir(parents=True, exist_ok=True)
-    tq.write_base_gguf(model, out / "model.gguf")
+    tq.write_base_gguf(model, out / "model.gguf", chat_template=template)
     model.save_pretrained(out / "checkpoint")
     for i, slot in enumerate(SLOTS):
         expert = tq.add_random_lora(copy.deepcopy(model), 8, seed + 1 + i, groups=GROUPS, experts=True, alpha=2.0)

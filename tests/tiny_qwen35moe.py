@@ -50,11 +50,50 @@ TARGET_GROUPS: dict[str, tuple[str, ...]] = {
 EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
-def hf_config():
+def byte_vocab() -> tuple[list[str], list[str]]:
+    """A gpt2-style vocabulary that can spell any text: the specials, all 256 byte symbols and a
+    handful of merges (llama.cpp wants at least one). For tests that feed real prompts (the
+    protocol's route instruction, chat markup) rather than token ids."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols, extra = [], 0
+    for byte in range(256):
+        if byte in printable:
+            symbols.append(chr(byte))
+        else:
+            symbols.append(chr(256 + extra))
+            extra += 1
+    merges = ["Ġ t", "Ġ a", "e r", "i n", "o n"]
+    return [*SPECIAL_TOKENS, *symbols, *(m.replace(" ", "") for m in merges)], merges
+
+
+N_BYTE_VOCAB = len(byte_vocab()[0])
+
+#: A Qwen3-style chat template of our own writing, enough for the protocol's paths: tool results
+#: as user turns wrapped in <tool_response>, and the final assistant message (a prefill the model
+#: continues, as the route hop's `model_id=`) after an empty thinking block, as Qwen3's
+#: templates render the turn that follows the last user query.
+QWEN3_STYLE_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' -}}"
+    "{%- elif message['role'] == 'assistant' and loop.last and not add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\n<think>\n\n</think>\n\n' + message['content'] + '<|im_end|>\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def hf_config(n_vocab: int = N_VOCAB, context: int = 256):
     from transformers import Qwen3_5MoeTextConfig
 
     config = Qwen3_5MoeTextConfig(
-        vocab_size=N_VOCAB,
+        vocab_size=n_vocab,
         hidden_size=HIDDEN,
         num_hidden_layers=len(LAYER_TYPES),
         layer_types=list(LAYER_TYPES),
@@ -71,7 +110,7 @@ def hf_config():
         num_experts=N_EXPERTS,
         num_experts_per_tok=TOP_K,
         rms_norm_eps=1e-6,
-        max_position_embeddings=256,
+        max_position_embeddings=context,
         tie_word_embeddings=False,
         rope_parameters={
             "rope_type": "default",
@@ -85,14 +124,14 @@ def hf_config():
     return config
 
 
-def build_hf_model(seed: int = 0):
+def build_hf_model(seed: int = 0, *, n_vocab: int = N_VOCAB, context: int = 256):
     """A `Qwen3_5MoeForCausalLM` with random weights at scales that keep activations O(1) and
     logits spread by a few units, so differences between engines show."""
     import torch
     from transformers import Qwen3_5MoeForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen3_5MoeForCausalLM(hf_config()).float().eval()
+    model = Qwen3_5MoeForCausalLM(hf_config(n_vocab, context)).float().eval()
     gen = torch.Generator().manual_seed(seed)
 
     def normal(shape, std):
@@ -185,8 +224,11 @@ def gguf_tensors(model, fuse_gate_up: bool = False) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
-def write_base_gguf(model, path: str | Path, fuse_gate_up: bool = False) -> Path:
-    """Write `model` as a `qwen35moe` GGUF base with a small BPE tokenizer and ChatML template."""
+def write_base_gguf(
+    model, path: str | Path, fuse_gate_up: bool = False, *, chat_template: str = CHATML_TEMPLATE
+) -> Path:
+    """Write `model` as a `qwen35moe` GGUF base with a small BPE tokenizer (the byte-level one
+    when the model has N_BYTE_VOCAB tokens) and a chat template."""
     path = Path(path)
     c = model.config
     dims = linear_dims(c)
@@ -217,7 +259,7 @@ def write_base_gguf(model, path: str | Path, fuse_gate_up: bool = False) -> Path
     writer.add_full_attention_interval(interval)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
 
-    tokens, merges = _vocab(c.vocab_size)
+    tokens, merges = byte_vocab() if c.vocab_size == N_BYTE_VOCAB else _vocab(c.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -228,7 +270,7 @@ def write_base_gguf(model, path: str | Path, fuse_gate_up: bool = False) -> Path
     writer.add_bos_token_id(BOS_ID)
     writer.add_eos_token_id(EOS_ID)
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    writer.add_chat_template(chat_template)
     for name, values in gguf_tensors(model, fuse_gate_up).items():
         writer.add_tensor(name, values)
     writer.write_header_to_file()

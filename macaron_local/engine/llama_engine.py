@@ -10,6 +10,8 @@ either resets the cache or restores a state saved under the new set (`kv_switch`
 
 from __future__ import annotations
 
+import dataclasses
+
 import codecs
 import ctypes
 import os
@@ -93,10 +95,21 @@ StateKey = tuple[tuple[tuple[str, float], ...], str]
 
 @dataclass(frozen=True)
 class KVSnapshot:
-    """The KV cells of one conversation under one adapter set, and the tokens they hold."""
+    """The KV cells of one conversation under one adapter set, and the tokens they hold.
+
+    For a model whose state cannot be cut back (recurrent or hybrid: qwen35moe), `checkpoint`
+    is the state as it was at the end of the last prompt, before the reply was generated: the
+    next turn's view holds the reply as re-tokenized text (and without its thinking block),
+    which can differ from the generated tokens, and only this checkpoint is then a prefix.
+    """
 
     tokens: np.ndarray
     data: bytes
+    checkpoint: KVSnapshot | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + (self.checkpoint.nbytes if self.checkpoint else 0)
 
 
 class Generation:
@@ -158,6 +171,10 @@ class Engine:
         self._view = ""  # which conversation view the live KV cells belong to
         self._remember = True  # whether the live KV is worth saving when switching away
         self._states: OrderedDict[StateKey, KVSnapshot] = OrderedDict()
+        #: Recurrent/hybrid memory is cut back only to its end: views keep prompt checkpoints.
+        model = self.llm.model
+        self._whole_state_only = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        self._checkpoint: KVSnapshot | None = None  # the live view's, see KVSnapshot
         self.template = self._load_template()
         self.switch_count = 0
 
@@ -346,7 +363,7 @@ class Engine:
     @property
     def saved_states(self) -> list[tuple[StateKey, int, int]]:
         """(key, tokens, bytes) of every saved KV state, oldest first: what the cache holds."""
-        return [(key, len(s.tokens), len(s.data)) for key, s in self._states.items()]
+        return [(key, len(s.tokens), s.nbytes) for key, s in self._states.items()]
 
     def _remember_state(self, key: StateKey) -> None:
         """Keep the KV cells of the current conversation, computed under the set `key`.
@@ -354,20 +371,25 @@ class Engine:
         Only the sequence's KV cells are copied (llama_state_seq_*), not llama-cpp-python's
         whole `save_state`, which also copies a logits buffer of n_batch x n_vocab floats.
         """
-        ctx = self.llm.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
-        buffer = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, 0)
-        tokens = np.array(self.llm.input_ids[: self.llm.n_tokens], copy=True)
-        self._states[key] = KVSnapshot(tokens=tokens, data=bytes(buffer)[:written])
+        self._states[key] = dataclasses.replace(self._snapshot(), checkpoint=self._checkpoint)
         self._states.move_to_end(key)
+
         def held() -> int:
-            return sum(len(s.data) for s in self._states.values())
+            return sum(s.nbytes for s in self._states.values())
 
         while len(self._states) > self.config.max_saved_states or (
             len(self._states) > 1 and held() > self.config.max_saved_state_bytes
         ):
             self._states.popitem(last=False)
+
+    def _snapshot(self) -> KVSnapshot:
+        """The live sequence's state and the tokens it holds."""
+        ctx = self.llm.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, 0)
+        tokens = np.array(self.llm.input_ids[: self.llm.n_tokens], copy=True)
+        return KVSnapshot(tokens=tokens, data=bytes(buffer)[:written])
 
     def _restore_state(self, snapshot: KVSnapshot) -> None:
         self._clear_kv()
@@ -379,10 +401,27 @@ class Engine:
         self.llm.input_ids[:n] = snapshot.tokens
         self.llm.n_tokens = n
         self.llm._requires_eval = True  # logits are not restored: generate() replays a token
+        self._checkpoint = snapshot.checkpoint
 
     def _clear_kv(self) -> None:
         self.llm.reset()
         self.llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        self._checkpoint = None
+
+    def _back_to_checkpoint(self, prompt: Sequence[int]) -> None:
+        """Where the live state diverges from `prompt` inside its tokens and cannot be cut
+        back (recurrent/hybrid memory), go back to the last prompt checkpoint when that is a
+        prefix of `prompt`: only the rest is prefilled, not the whole view."""
+        checkpoint = self._checkpoint
+        if not self._whole_state_only or checkpoint is None:
+            return
+        n = len(checkpoint.tokens)
+        if self._common_prefix(prompt) >= self.llm.n_tokens or not 0 < n < len(prompt):
+            return  # the live state already is a prefix, or the checkpoint would not help
+        if list(checkpoint.tokens) != list(prompt[:n]):
+            return
+        self._restore_state(checkpoint)
+        self._checkpoint = checkpoint  # still the last prompt's end, and still a prefix
 
     # ----------------------------------------------------------------- generation
     def stream(
@@ -416,7 +455,8 @@ class Engine:
         with self._lock:
             if params.seed is not None:
                 self.llm.set_seed(params.seed)
-            result.reused_prompt_tokens = self._common_prefix(prompt)
+            self._back_to_checkpoint(prompt)
+            result.reused_prompt_tokens = self._reusable_prefix(prompt)
             started = time.perf_counter()
             result.finish_reason = "length"
             try:
@@ -430,6 +470,8 @@ class Engine:
                 ):
                     if not result.tokens:
                         result.ttft_ms = (time.perf_counter() - started) * 1000
+                        if self._whole_state_only:  # the state now holds exactly the prompt
+                            self._checkpoint = self._snapshot()
                     if cancel is not None and cancel.is_set():
                         result.finish_reason = "cancelled"
                         break
@@ -450,6 +492,24 @@ class Engine:
                     yield tail
             finally:
                 result.total_ms = (time.perf_counter() - started) * 1000
+
+    def _reusable_prefix(self, prompt: Sequence[int]) -> int:
+        """How many of `prompt`'s tokens the KV cache really keeps for this generation.
+
+        llama-cpp-python keeps the common prefix (less one token when the whole prompt is
+        cached, replayed to refresh the logits) only where llama.cpp can cut the cache back to
+        it. A recurrent or hybrid model (qwen35moe's Gated DeltaNet layers) cannot cut its
+        state back, so a view that diverges inside the cached tokens is prefilled whole. The cut
+        is made here first (llama-cpp-python's own is then a no-op), so the count is what
+        llama.cpp did, not what the token ids suggest.
+        """
+        common = self._common_prefix(prompt)
+        if common == len(prompt) == self.llm.n_tokens and not self.llm._requires_eval:
+            return common  # the exact prompt is live: sampling starts at once
+        keep = common - 1 if common == len(prompt) else common
+        if keep > 0 and not self.llm._ctx.kv_cache_seq_rm(-1, keep, -1):
+            return 0
+        return max(keep, 0)
 
     def _common_prefix(self, tokens: Sequence[int]) -> int:
         cached = self.llm.input_ids[: self.llm.n_tokens]
