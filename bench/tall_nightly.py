@@ -220,9 +220,11 @@ def estimate(measured: dict, corrections: int) -> dict:
         decode_s = active_bytes / (bandwidth * decode_eff)
         flops = machine["trainer_flops"] * trainer_eff * a["moe_kernel_efficiency"]
         prefill_s = 2 * a["tall_active_parameters"] / flops
-        per_step_rollout = config.episodes_per_step * (
-            a["prompt_tokens"] * prefill_s + config.group_size * a["completion_tokens"] * decode_s
-        ) + sequences_per_step * seq * prefill_s  # the sampler's own log-probabilities
+        per_step_rollout = (
+            config.episodes_per_step
+            * (a["prompt_tokens"] * prefill_s + config.group_size * a["completion_tokens"] * decode_s)
+            + sequences_per_step * seq * prefill_s
+        )  # the sampler's own log-probabilities
         gate_s = (2 + a["gate_candidates"]) * (
             n_held * (a["prompt_tokens"] * prefill_s + a["completion_tokens"] * decode_s)
             + a["regression_tokens"] * prefill_s

@@ -104,6 +104,7 @@ KEYWORDS: dict[str, tuple[str, ...]] = {
 
 ROUTING_MODES = ("model", "keywords")
 
+
 @dataclass(frozen=True)
 class Route:
     slot: str

@@ -164,9 +164,7 @@ def test_dry_run_prints_the_published_tall_layout_without_network(tmp_path):
 
 
 def test_dry_run_fills_sizes_and_sha256_from_the_hub(hub, settings, published):
-    result = run_cli(
-        "models", "pull", "tall", "--dry-run", "--json", home=settings.data_dir.parent, HF_HUB_OFFLINE="0"
-    )
+    result = run_cli("models", "pull", "tall", "--dry-run", "--json", home=settings.data_dir.parent, HF_HUB_OFFLINE="0")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     rows = {(f["repo"], f["path"]): f for f in plan["files"]}
@@ -279,9 +277,7 @@ def test_a_refused_expert_exits_2_with_one_line(hub, settings, fake_tall):
     hub.files[(EXPERTS_REPO, "loras/L0/adapter_config.json")] = peft_config(r=16)
     result = run_cli("models", "pull", "tall-fake", "-q", home=settings.data_dir.parent, HF_HUB_OFFLINE="0")
     assert result.returncode == 2
-    assert result.stderr.strip() == (
-        f"error: expert L0 Chat ({EXPERTS_REPO} loras/L0): LoRA rank r is 16, expected 64"
-    )
+    assert result.stderr.strip() == (f"error: expert L0 Chat ({EXPERTS_REPO} loras/L0): LoRA rank r is 16, expected 64")
 
 
 def test_a_profile_file_that_does_not_match_its_pin_is_refused(hub, catalog, fake_tall):

@@ -109,7 +109,6 @@ def qk_permuted_heads(base: BaseModelInfo, tensor: str) -> int | None:
 
 
 @np.errstate(all="ignore")  # overflow in untrusted values is checked and reported, never warned
-
 @contextlib.contextmanager
 def _shapes_must_fit(peft_dir: Path) -> Iterator[None]:
     """A tensor whose shape the base's layout cannot take (numpy's reshape or index errors) is

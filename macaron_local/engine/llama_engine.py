@@ -10,8 +10,6 @@ either resets the cache or restores a state saved under the new set (`kv_switch`
 
 from __future__ import annotations
 
-import dataclasses
-
 import codecs
 import ctypes
 import os
@@ -173,7 +171,9 @@ class Engine:
         self._states: OrderedDict[StateKey, KVSnapshot] = OrderedDict()
         #: Recurrent/hybrid memory is cut back only to its end: views keep prompt checkpoints.
         model = self.llm.model
-        self._whole_state_only = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        self._whole_state_only = bool(
+            llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        )
         self._checkpoint: KVSnapshot | None = None  # the live view's, see KVSnapshot
         self.template = self._load_template()
         self.switch_count = 0
@@ -371,7 +371,7 @@ class Engine:
         Only the sequence's KV cells are copied (llama_state_seq_*), not llama-cpp-python's
         whole `save_state`, which also copies a logits buffer of n_batch x n_vocab floats.
         """
-        self._states[key] = dataclasses.replace(self._snapshot(), checkpoint=self._checkpoint)
+        self._states[key] = replace(self._snapshot(), checkpoint=self._checkpoint)
         self._states.move_to_end(key)
 
         def held() -> int:

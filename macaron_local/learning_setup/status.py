@@ -63,7 +63,7 @@ class Readiness:
     running: bool = False
 
     def sentence(self, subject: str = "your feedback") -> str:
-        """"macaron will learn from your feedback tonight at 02:00 ..." or why it will not."""
+        """ "macaron will learn from your feedback tonight at 02:00 ..." or why it will not."""
         if self.will_learn or self.state == "needs_feedback":
             return f"macaron will learn from {subject} {self.reason}."
         return f"macaron will not learn from {subject}, because {self.reason}."
@@ -93,7 +93,7 @@ def next_start(config: DaemonConfig, now: datetime) -> datetime:
 
 
 def describe_when(now: datetime, start: datetime) -> str:
-    """"tonight at 02:00", "today at 14:00", "tomorrow at 14:00"."""
+    """ "tonight at 02:00", "today at 14:00", "tomorrow at 14:00"."""
     clock = f"{start:%H:%M}"
     night = start.hour >= 18 or start.hour < 6
     if night and start - now < timedelta(hours=24):
@@ -209,7 +209,7 @@ def readiness(
         return result("needs_feedback", False, why + unasked, None, None, **timing)
     conditions = f"once the computer has been idle {config.idle_minutes} min" if config.idle_minutes else ""
     if config.require_ac and probes.on_ac_power() is not None:
-        conditions += (" and is on AC power" if conditions else "once the computer is on AC power")
+        conditions += " and is on AC power" if conditions else "once the computer is on AC power"
     when = f"{timing['next_start_text']} (window {config.window}{', ' + conditions if conditions else ''})"
     if common["running"]:
         when = f"in the next run, {when}; a learning run is in progress now"
