@@ -23,6 +23,7 @@ from macaron_local.session import Session
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 import tiny_tall  # noqa: E402
+from test_protocol import seen_and_unseen  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SHORT = GenerationParams(max_tokens=6, temperature=0.0, min_p=0.0)
@@ -129,7 +130,8 @@ def test_l0_view_is_byte_stable_and_the_hybrid_state_is_reused(tall_home):
     assert fresh.tokens == c.completion.tokens
     assert a.summary is not None and b.summary is not None  # each task closed with a hidden summary
     assert l0_at_c.startswith(l0_at_a + a.content)  # L0's earlier view, then its own reply, verbatim
-    assert protocol.profile.handoff_text(b.summary) in l0_at_c
+    shown, hidden = seen_and_unseen(protocol.profile.handoff_text(b.summary), b.content)
+    assert shown in l0_at_c and hidden not in l0_at_c
     # llama.cpp kept L0's recurrent state and KV across L2's turn and both summary hops: all of
     # A's prompt is reused and only what was appended since is prefilled.
     assert c.completion.reused_prompt_tokens >= a.completion.prompt_tokens

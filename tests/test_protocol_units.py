@@ -143,13 +143,16 @@ def conversation() -> list[Step]:
     """A(L0) -> B(L2, with a tool call and its result) -> C(L0)."""
     return [
         Step("user", "A?"),
-        Step("assistant", "A!", expert="L0", summary="Answered A."),
+        Step("assistant", A_REPLY, expert="L0", summary="Answered A."),
         Step("user", "B?"),
         Step("assistant", "<tool_call>{}</tool_call>", expert="L2", tool_call=True),
-        Step("tool", "result"),
+        Step("tool", "result " * 20),
         Step("assistant", "B!", expert="L2", summary="Did B with a tool."),
         Step("user", "C?"),
     ]
+
+
+A_REPLY = "A! " + "Here is everything about A, at length. " * 4
 
 
 def test_each_expert_sees_its_own_tasks_verbatim_and_others_as_summaries():
@@ -159,14 +162,14 @@ def test_each_expert_sees_its_own_tasks_verbatim_and_others_as_summaries():
     assert own_view(steps, "L0", "Be kind.", profile) == [
         system,
         {"role": "user", "content": "A?"},
-        {"role": "assistant", "content": "A!"},
+        {"role": "assistant", "content": A_REPLY},
         {"role": "user", "content": "B?"},
         {"role": "assistant", "content": profile.handoff_text("Did B with a tool.")},
         {"role": "user", "content": "C?"},
     ]
     l2 = own_view(steps, "L2", "Be kind.", profile)
     assert l2[2] == {"role": "assistant", "content": profile.handoff_text("Answered A.")}
-    assert [m["content"] for m in l2[3:7]] == ["B?", "<tool_call>{}</tool_call>", "result", "B!"]
+    assert [m["content"] for m in l2[3:7]] == ["B?", "<tool_call>{}</tool_call>", "result " * 20, "B!"]
     assert len(transcript_view(steps, "Be kind.", profile)) == 1 + len(steps)
     tasks = tasks_of(steps)
     assert [(t.owner, t.closed) for t in tasks] == [("L0", True), ("L2", True), (None, False)]
@@ -179,11 +182,28 @@ def test_an_experts_view_only_grows_at_its_end():
     profile = shipped_profile("embedded")
     template = ChatTemplate(CHATML)
     steps = conversation()
-    at_a = template.render(own_view(steps[:1], "L0", "", profile)) + "A!"
+    at_a = template.render(own_view(steps[:1], "L0", "", profile)) + A_REPLY
     at_c = template.render(own_view(steps, "L0", "", profile))
     assert at_c.startswith(at_a)
     without_summary = [Step(s.role, s.content, s.expert, None, s.tool_call) for s in steps]
     assert own_view(without_summary, "L0", "", profile)[4]["content"] == "B!"  # summaries off: the reply
+
+
+def test_a_task_shorter_than_its_hand_off_is_shown_verbatim():
+    """A summary is there to save tokens: a short task (a small model's two-word answer) is
+    cheaper as itself, and the choice is made from stored text, so the view stays stable."""
+    profile = shipped_profile("embedded")
+    short = [
+        Step("user", "Hi?"),
+        Step("assistant", "Hello!", expert="L2", summary="Greeted the user back in a friendly way."),
+        Step("user", "Next?"),
+    ]
+    assert own_view(short, "L0", "", profile)[1:3] == [
+        {"role": "user", "content": "Hi?"},
+        {"role": "assistant", "content": "Hello!"},
+    ]
+    long = [short[0], Step("assistant", "Hello! " * 40, expert="L2", summary=short[1].summary), short[2]]
+    assert own_view(long, "L0", "", profile)[2]["content"] == profile.handoff_text(short[1].summary)
 
 
 def test_summaries_can_be_turned_off_per_model(tmp_path):

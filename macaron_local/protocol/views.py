@@ -5,7 +5,9 @@ tool results, up to its final answer. An expert sees
 - the system message (the user's system prompt, then the profile's identity instruction),
 - its own earlier tasks verbatim (tool calls and results included),
 - every other expert's task as the request and one assistant message carrying the task's
-  summary (the final reply itself when there is no summary: summaries turned off),
+  summary (the final reply itself when there is no summary: summaries turned off), or
+  verbatim when the task itself is no longer than that (a short answer from a small model
+  can be shorter than its summary: a hand-off is there to save tokens, never to add them),
 - the current task.
 Everything in a view is either stored and never rewritten or derived from stored text, so a
 view only ever grows at its end: the KV the engine saved for that expert stays a prefix and
@@ -84,8 +86,16 @@ def own_view(steps: Sequence[Step], expert: str, system_prompt: str, profile: Ro
             continue
         request, last = task.steps[0], task.steps[-1]
         handoff = profile.handoff_text(task.summary) if task.summary else last.content
-        messages += [{"role": request.role, "content": request.content}, {"role": "assistant", "content": handoff}]
+        condensed = [{"role": request.role, "content": request.content}, {"role": "assistant", "content": handoff}]
+        verbatim = task.messages()
+        messages += verbatim if _length(verbatim) <= _length(condensed) else condensed
     return messages
+
+
+def _length(messages: Sequence[Message]) -> int:
+    """Characters of content: decides between a task and its hand-off from stored text alone,
+    so the choice never changes once made and the view stays byte-stable."""
+    return sum(len(m["content"]) for m in messages)
 
 
 def transcript_view(steps: Sequence[Step], system_prompt: str, profile: RoutingProfile) -> list[Message]:
