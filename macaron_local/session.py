@@ -33,6 +33,8 @@ from macaron_local.router import Route
 from macaron_local.settings import Settings, write_private_atomic
 from macaron_local.store import AdapterVersion, LearningRun, Store, open_default_store
 from macaron_local.swarm import SwarmResult, choose, gather_variants, run_swarm
+from macaron_local.tools.prompting import offer_tools
+from macaron_local.tools.spec import ToolSpec
 from macaron_local.transcript import TranscriptItem, build_transcript
 
 if TYPE_CHECKING:
@@ -317,11 +319,15 @@ class Session:
         params: GenerationParams | None = None,
         cancel: threading.Event | None = None,
         role: str = "user",
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str = "auto",
     ) -> Reply:
         """Store `text` as the next message, route it, and start streaming the reply.
 
         `role="tool"` sends a tool result: it goes back to the expert that answered last (the
-        one that made the call), whatever its text says, with no route hop.
+        one that made the call), whatever its text says, with no route hop. `tools` are offered
+        to the model (`tool_choice` as in the OpenAI API); running them is the agent's job
+        (`macaron_local.tools.agent`).
         """
         if not text.strip():
             raise InvalidInputError("the message is empty")
@@ -329,7 +335,7 @@ class Session:
             self.conversation_id = self.store.new_conversation(self.manifest.name, self.system_prompt)
         message_id = self.store.add_message(self.conversation_id, role, text, self.leaf_id)
         self.leaf_id = message_id
-        return self._reply_to(message_id, text, expert, params, cancel)
+        return self._reply_to(message_id, text, expert, params, cancel, tools=tools, tool_choice=tool_choice)
 
     def add_history(self, messages: Sequence[Message]) -> None:
         """Record earlier messages without answering them: an API client sends the turns it
@@ -370,6 +376,10 @@ class Session:
             raise InvalidInputError("the corrected reply is empty")
         return self.store.add_feedback(target.id, "correction", text=text)
 
+    def record_tool_calls(self, message_id: str, calls: Sequence[dict]) -> None:
+        """Store the tool calls the reply `message_id` made and what became of each."""
+        self.store.set_turn_tool_calls(message_id, calls)
+
     def rate(self, message_id: str, value: int, comment: str | None = None) -> int:
         return self.store.add_feedback(message_id, "rating", value=value, text=comment)
 
@@ -385,6 +395,9 @@ class Session:
         expert: str | None = None,
         params: GenerationParams | None = None,
         cancel: threading.Event | None = None,
+        *,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str = "auto",
     ) -> Reply:
         """Route (unless a tool result is pending for an expert), answer from that expert's own
         view, and when the reply closes its task run the hidden summary hop."""
@@ -399,8 +412,15 @@ class Session:
         engine = self.engine
         active = self.adapters_for(decision.slot)
         engine.set_adapters(active, view=decision.slot)
-        view = protocol.answer_view(steps, decision.slot, self.system_prompt)
-        tokens, dropped = engine.prompt_for(view, params.max_tokens)
+        view, variables, params = offer_tools(
+            protocol.answer_view(steps, decision.slot, self.system_prompt),
+            params,
+            tools,
+            tool_choice,
+            engine.template.source,
+            grammar=protocol.options.tool_grammar,
+        )
+        tokens, dropped = engine.prompt_for(view, params.max_tokens, **variables)
         generation = engine.stream(tokens, params, cancel)
         marker = GeneratingMarker.hold(self.settings)  # the daemon waits while this is held
 

@@ -9,6 +9,9 @@ from macaron_local.cli.common import add_model_option, load_settings, print_json
 from macaron_local.engine import GenerationParams
 from macaron_local.errors import InvalidInputError
 from macaron_local.session import Session
+from macaron_local.tools.agent import Agent, ToolStep
+from macaron_local.tools.approval import ApprovalRequest, Approvals, fixed
+from macaron_local.tools.toolbox import Toolbox
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -24,6 +27,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=int,
         metavar="K",
         help="swarm: one greedy answer from each of K adapter variants, majority-voted (shows the split)",
+    )
+    tools = parser.add_mutually_exclusive_group()
+    tools.add_argument("--yes-tools", action="store_true", help="offer the tools and approve every call")
+    tools.add_argument(
+        "--no-tools", action="store_true", help="offer the tools and deny every call that needs approval"
+    )
+    parser.add_argument(
+        "--tool-choice",
+        default="auto",
+        metavar="CHOICE",
+        help="auto (default), required, none, or one tool's name (implies tools are offered)",
     )
     add_model_option(parser)
     parser.set_defaults(func=run)
@@ -56,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
             params.temperature = args.temperature
         if args.vote is not None:
             return run_vote(session, prompt, args, params)
+        with Toolbox(settings) as toolbox:
+            if toolbox.enabled or args.yes_tools or args.no_tools or args.tool_choice != "auto":
+                return run_agent(session, toolbox, prompt, args, params)
         reply = session.send(prompt, expert=args.expert, params=params)
         if args.json:
             reply.wait()
@@ -85,6 +102,51 @@ def run(args: argparse.Namespace) -> int:
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
             sys.stdout.write("\n")
+    return 0
+
+
+def terminal_asker(request: ApprovalRequest) -> str:
+    """Ask on the terminal (stderr for the question, the keyboard for the answer)."""
+    sys.stderr.write(f"\n{request.title}\n{request.preview}\n[y]es / [n]o / [a]lways for this tool here: ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    return {"y": "approve", "yes": "approve", "a": "always", "always": "always"}.get(answer, "deny")
+
+
+def asker_for(args: argparse.Namespace):
+    """--yes-tools / --no-tools, else the terminal when there is one, else nobody (denied)."""
+    if args.yes_tools:
+        return fixed("approve")
+    if args.no_tools:
+        return fixed("deny")
+    return terminal_asker if sys.stdin is not None and sys.stdin.isatty() and sys.stderr.isatty() else None
+
+
+def run_agent(session: Session, toolbox: Toolbox, prompt: str, args: argparse.Namespace, params) -> int:
+    """Answer with the tools offered: each call is shown on stderr as it ends, the final answer
+    on stdout (or everything as JSON, the trajectory under `tool_calls`)."""
+
+    def show(step: ToolStep) -> None:
+        if not args.json:
+            sys.stderr.write(f"tool {step.name}: {step.approval}, {step.status}: {step.result.splitlines()[0][:200]}\n")
+
+    agent = Agent(session, toolbox.tools, Approvals(asker_for(args)), toolbox.config, on_step=show)
+    turn = agent.run(prompt, expert=args.expert, params=params, tool_choice=args.tool_choice)
+    reply = turn.reply
+    if args.json:
+        print_json(
+            {
+                "text": reply.content,
+                "model": session.manifest.name,
+                "expert": reply.route.slot,
+                "route": {"label": reply.route.slot, "method": reply.route.method, "raw": reply.route.raw},
+                "tool_calls": [step.record() | {"result": step.result} for step in turn.steps],
+                "stopped_at_step_limit": turn.stopped_at_limit,
+                "finish_reason": reply.completion.finish_reason,
+            }
+        )
+    else:
+        sys.stdout.write(reply.content + "\n")
     return 0
 
 

@@ -62,6 +62,7 @@ class GenerationParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     seed: int | None = None
+    grammar: str | None = None  # llama.cpp GBNF the reply must follow (a small model's tool call)
 
 
 @dataclass(frozen=True)
@@ -467,6 +468,7 @@ class Engine:
                     top_p=params.top_p,
                     min_p=params.min_p,
                     repeat_penalty=params.repeat_penalty,
+                    grammar=self._grammar(params.grammar),
                 ):
                     if not result.tokens:
                         result.ttft_ms = (time.perf_counter() - started) * 1000
@@ -492,6 +494,12 @@ class Engine:
                     yield tail
             finally:
                 result.total_ms = (time.perf_counter() - started) * 1000
+
+    @staticmethod
+    def _grammar(source: str | None):
+        """llama-cpp-python's grammar object for GBNF `source` (parsed by llama.cpp's sampler).
+        Only grammars this program builds reach it (tools.prompting.call_grammar)."""
+        return None if source is None else llama_cpp.LlamaGrammar.from_string(source, verbose=False)
 
     def _reusable_prefix(self, prompt: Sequence[int]) -> int:
         """How many of `prompt`'s tokens the KV cache really keeps for this generation.

@@ -5,6 +5,7 @@
     default_label = "L2"      # the route when L0's output is not a label (profile files only)
     summaries = false         # skip the summary hop on machines where it costs too much
     family = "qwen3_coder"    # tool-call markup and reasoning blocks (default: from architecture)
+    tool_grammar = true       # constrain replies to text or a well-formed call when tools are offered
 
 Read straight from the manifest's TOML file, so a user can turn summaries off for one model
 without touching the others.
@@ -34,6 +35,7 @@ class ProtocolOptions:
     family: str = ""
     route_max_tokens: int = ROUTE_MAX_TOKENS
     summary_max_tokens: int = SUMMARY_MAX_TOKENS
+    tool_grammar: bool = False
 
 
 def protocol_options(manifest: Manifest) -> ProtocolOptions:
@@ -53,6 +55,7 @@ def protocol_options(manifest: Manifest) -> ProtocolOptions:
         family=str(table.get("family", "")),
         route_max_tokens=int(table.get("route_max_tokens", ROUTE_MAX_TOKENS)),
         summary_max_tokens=int(table.get("summary_max_tokens", SUMMARY_MAX_TOKENS)),
+        tool_grammar=bool(table.get("tool_grammar", False)),
     )
     if options.default_label not in LABELS:
         raise InvalidInputError(f"{manifest.origin}: default_label must be one of {', '.join(LABELS)}")

@@ -206,6 +206,16 @@ class Store:
             if cursor.rowcount == 0:
                 raise InvalidInputError(f"no turn for message {message_id}")
 
+    def set_turn_tool_calls(self, message_id: str, calls: Sequence[Mapping[str, Any]]) -> None:
+        """Record the tool calls the reply `message_id` made and what became of each."""
+        with self._writing() as db:
+            cursor = db.execute(
+                "UPDATE turns SET tool_calls = ? WHERE message_id = ?",
+                [rows.dump_json([dict(c) for c in calls]), message_id],
+            )
+            if cursor.rowcount == 0:
+                raise InvalidInputError(f"no turn for message {message_id}")
+
     def add_reply(self, conversation_id: str, parent_id: str, content: str, turn: Mapping[str, Any]) -> tuple[str, str]:
         """Store a finished reply and its turn together: never a reply without its provenance.
 

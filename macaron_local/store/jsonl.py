@@ -26,7 +26,7 @@ RECORD_TYPE = "macaron-local/conversation"
 FORMAT_VERSION = 1
 CONVERSATION_KEYS = ("id", "title", "model", "system_prompt", "created_at", "updated_at", "current_leaf_id")
 MESSAGE_KEYS = ("id", "parent_id", "role", "content", "created_at")
-TURN_KEYS = ("id", "message_id", *TURN_FIELDS, "created_at")
+TURN_KEYS = ("id", "message_id", *TURN_FIELDS, "created_at", "tool_calls")
 FEEDBACK_KEYS = ("id", "message_id", "kind", "value", "text", "created_at")
 #: The largest feedback id an import may keep. Ids above it are reserved: a row at SQLite's
 #: limit (2^63 - 1) would leave AUTOINCREMENT no id to give the next correction.
@@ -78,6 +78,7 @@ def _record(db: Database, cid: str) -> dict[str, Any]:
     for turn in turns:
         turn["adapters"] = json.loads(turn["adapters"])
         turn["sampling"] = json.loads(turn["sampling"])
+        turn["tool_calls"] = json.loads(turn["tool_calls"]) if turn["tool_calls"] is not None else None
     return {
         "type": RECORD_TYPE,
         "version": FORMAT_VERSION,
@@ -217,6 +218,7 @@ def _check_record(data: Any, line: int) -> Record:
                 "total_ms": _OPT_NUM,
                 "route_ms": _OPT_NUM,
                 "summary_ms": _OPT_NUM,
+                "tool_calls": (list, type(None)),
             },
         )
         for t in check.items(data, "turns")
@@ -335,10 +337,13 @@ def _insert_record(db: Database, record: Record) -> None:
         _insert_sql("messages", ("conversation_id", *MESSAGE_KEYS)),
         [[cid, *(m[k] for k in MESSAGE_KEYS)] for m in record.messages],
     )
-    json_keys = {"adapters", "sampling"}
+    json_keys = {"adapters", "sampling", "tool_calls"}
     db.conn.executemany(
         _insert_sql("turns", ("conversation_id", *TURN_KEYS)),
-        [[cid, *(dump_json(t[k]) if k in json_keys else t[k] for k in TURN_KEYS)] for t in record.turns],
+        [
+            [cid, *(dump_json(t[k]) if k in json_keys and t[k] is not None else t[k] for k in TURN_KEYS)]
+            for t in record.turns
+        ],
     )
 
 

@@ -250,3 +250,11 @@ def m005_protocol_hops(db: Database) -> None:
         ("thinking", "TEXT"),
     ):
         db.execute(f"ALTER TABLE turns ADD COLUMN {column} {kind}")
+
+
+@migration
+def m006_tool_calls(db: Database) -> None:
+    """The tool calls a reply made (JSON list: tool, arguments, how it was approved, status,
+    time and the tool message holding the result): an agent's trajectory, kept on the turn of
+    the reply that called, exported with it and read by the nightly run."""
+    db.execute("ALTER TABLE turns ADD COLUMN tool_calls TEXT")

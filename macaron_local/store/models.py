@@ -45,6 +45,7 @@ class Turn:
     summary: str | None = None  # the hidden summary of the task this reply closed
     summary_ms: float | None = None
     thinking: str | None = None  # the reasoning block, kept out of the reply and the history
+    tool_calls: list[dict[str, Any]] | None = None  # the calls this reply made and what became of them
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,15 @@ def message(row: dict[str, Any]) -> Message:
 
 
 def turn(row: dict[str, Any]) -> Turn:
-    return Turn(**{**row, "adapters": json.loads(row["adapters"]), "sampling": json.loads(row["sampling"])})
+    calls = row.get("tool_calls")
+    return Turn(
+        **{
+            **row,
+            "adapters": json.loads(row["adapters"]),
+            "sampling": json.loads(row["sampling"]),
+            "tool_calls": json.loads(calls) if calls is not None else None,
+        }
+    )
 
 
 def feedback(row: dict[str, Any]) -> Feedback:

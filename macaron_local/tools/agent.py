@@ -1,0 +1,152 @@
+"""The agent loop: a request, the expert's tool calls, the user's approval, the tools' results
+back to the same expert, until it answers in text or reaches the step limit.
+
+Each call is recorded on the turn of the reply that made it (tool, arguments, how it was
+approved, status, time, and the id of the tool message holding its result), so the whole
+trajectory lives in the conversation tree, is exported with it, and reaches the nightly run.
+A call the sandbox refuses is refused before the user is asked; a denied call runs nothing
+and the model is told so as the tool's result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from macaron_local.engine import GenerationParams
+from macaron_local.protocol.features import ToolCall, parse_tool_calls
+from macaron_local.tools.approval import Approvals, request_for
+from macaron_local.tools.config import ToolsConfig
+from macaron_local.tools.spec import ToolOutcome, ToolRefused, ToolSpec
+
+
+@dataclass(frozen=True)
+class ToolStep:
+    """One call of a trajectory, as stored on its turn."""
+
+    name: str
+    arguments: dict[str, Any]
+    approval: str  # read-only | always | approved | denied | no one to ask | refused
+    status: str  # ok | error | refused | denied | timeout
+    result: str
+    ms: float
+    call_message_id: str
+    result_message_id: str = ""
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "arguments": self.arguments,
+            "approval": self.approval,
+            "status": self.status,
+            "ms": round(self.ms, 3),
+            "result_message_id": self.result_message_id,
+        }
+
+
+@dataclass
+class AgentTurn:
+    reply: Any  # the session's Reply that ended the request (text, or the last call at the limit)
+    steps: list[ToolStep] = field(default_factory=list)
+    stopped_at_limit: bool = False
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split()) or "failed"
+
+
+class Agent:
+    """Runs requests through a session with a set of tools and the user's approvals."""
+
+    def __init__(
+        self,
+        session,
+        tools: Sequence[ToolSpec],
+        approvals: Approvals,
+        config: ToolsConfig,
+        on_step: Callable[[ToolStep], None] | None = None,
+    ) -> None:
+        self.session, self.tools, self.approvals, self.config = session, list(tools), approvals, config
+        self.by_name = {t.name: t for t in self.tools}
+        self.on_step = on_step
+
+    def run(
+        self,
+        text: str,
+        *,
+        expert: str | None = None,
+        params: GenerationParams | None = None,
+        tool_choice: str = "auto",
+        after_result: str = "auto",
+        role: str = "user",
+    ):
+        """Answer `text`, running the tools it calls; returns an AgentTurn."""
+        session = self.session
+        reply = session.send(text, expert=expert, params=params, tools=self.tools, tool_choice=tool_choice, role=role)
+        reply.wait()
+        steps: list[ToolStep] = []
+        for step_number in range(self.config.max_steps + 1):
+            calls = self.calls_in(reply)
+            if not calls:
+                return AgentTurn(reply, steps)
+            if step_number == self.config.max_steps:
+                return AgentTurn(reply, steps, stopped_at_limit=True)
+            done = [self.execute(call, reply.message_id) for call in calls]
+            for index, step in enumerate(done[:-1]):
+                session.add_history([{"role": "tool", "content": step.result}])
+                done[index] = replace(step, result_message_id=session.leaf_id)
+            choice = "none" if step_number + 1 == self.config.max_steps else after_result
+            reply = session.send(done[-1].result, role="tool", params=params, tools=self.tools, tool_choice=choice)
+            reply.wait()
+            done[-1] = replace(done[-1], result_message_id=reply.user_message_id)
+            session.record_tool_calls(done[0].call_message_id, [s.record() for s in done])
+            steps += done
+        return AgentTurn(reply, steps, stopped_at_limit=True)
+
+    def calls_in(self, reply) -> list[ToolCall]:
+        protocol = self.session.protocol
+        if not protocol.split(reply.content).tool_call:
+            return []
+        return parse_tool_calls(reply.content, protocol.family)
+
+    def execute(self, call: ToolCall, call_message_id: str) -> ToolStep:
+        started = time.perf_counter()
+        approval, outcome = self._run(call)
+        step = ToolStep(
+            call.name,
+            dict(call.arguments),
+            approval,
+            outcome.status,
+            outcome.text,
+            (time.perf_counter() - started) * 1000,
+            call_message_id,
+        )
+        if self.on_step is not None:
+            self.on_step(step)
+        return step
+
+    def _run(self, call: ToolCall) -> tuple[str, ToolOutcome]:
+        tool = self.by_name.get(call.name)
+        if tool is None:
+            return "refused", ToolOutcome("refused", f"no tool is named {call.name!r}")
+        try:
+            if tool.check is not None:
+                tool.check(call.arguments)
+        except ToolRefused as exc:
+            return "refused", ToolOutcome("refused", f"refused: {one_line(exc)}")
+        workdir = self.config.write_folders[0] if self.config.write_folders else None
+        approved, how = self.approvals.decide(request_for(tool, call.arguments, workdir))
+        if not approved:
+            why = "the user denied it" if how == "denied" else "nobody was there to approve it"
+            return how, ToolOutcome("denied", f"{call.name} was not run: {why}.")
+        assert tool.run is not None
+        try:
+            return how, ToolOutcome("ok", tool.run(call.arguments))
+        except ToolRefused as exc:
+            return how, ToolOutcome("refused", f"refused: {one_line(exc)}")
+        except TimeoutError as exc:
+            return how, ToolOutcome("timeout", one_line(exc))
+        except Exception as exc:  # a tool's own failure goes back to the model as its result
+            return how, ToolOutcome("error", f"{call.name} failed: {one_line(exc)}")

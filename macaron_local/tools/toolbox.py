@@ -1,0 +1,37 @@
+"""The tools one front end offers: the built-in ones and every listed MCP server's, from the
+settings, with the servers stopped when the front end is done."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from macaron_local.settings import Settings
+from macaron_local.tools.builtin import builtin_tools
+from macaron_local.tools.config import ToolsConfig, tools_config
+from macaron_local.tools.mcp_servers import McpServers
+from macaron_local.tools.spec import ToolSpec
+
+
+class Toolbox:
+    """`with Toolbox(settings) as box:` box.tools, box.config."""
+
+    def __init__(self, settings: Settings, cwd: Path | None = None) -> None:
+        table = settings.values.get("tools")
+        self.config: ToolsConfig = tools_config(table, cwd=cwd)
+        self.enabled = bool((table or {}).get("enabled", False))
+        self._servers: McpServers | None = None
+        self.tools: list[ToolSpec] = builtin_tools(self.config)
+        if self.config.mcp:
+            self._servers = McpServers(self.config.mcp, self.config.timeout_s)
+            self.tools += self._servers.tools
+
+    def close(self) -> None:
+        if self._servers is not None:
+            self._servers.close()
+            self._servers = None
+
+    def __enter__(self) -> Toolbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
