@@ -35,9 +35,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--tool-choice",
-        default="auto",
         metavar="CHOICE",
-        help="auto (default), required, none, or one tool's name (implies tools are offered)",
+        help="auto, required, none, or one tool's name (default: [tools] tool_choice; implies tools are offered)",
     )
     add_model_option(parser)
     parser.set_defaults(func=run)
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         if args.vote is not None:
             return run_vote(session, prompt, args, params)
         with Toolbox(settings) as toolbox:
-            if toolbox.enabled or args.yes_tools or args.no_tools or args.tool_choice != "auto":
+            if toolbox.enabled or args.yes_tools or args.no_tools or args.tool_choice is not None:
                 return run_agent(session, toolbox, prompt, args, params)
         reply = session.send(prompt, expert=args.expert, params=params)
         if args.json:
@@ -131,7 +130,8 @@ def run_agent(session: Session, toolbox: Toolbox, prompt: str, args: argparse.Na
             sys.stderr.write(f"tool {step.name}: {step.approval}, {step.status}: {step.result.splitlines()[0][:200]}\n")
 
     agent = Agent(session, toolbox.tools, Approvals(asker_for(args)), toolbox.config, on_step=show)
-    turn = agent.run(prompt, expert=args.expert, params=params, tool_choice=args.tool_choice)
+    choice = args.tool_choice or toolbox.config.tool_choice
+    turn = agent.run(prompt, expert=args.expert, params=params, tool_choice=choice)
     reply = turn.reply
     if args.json:
         print_json(

@@ -7,6 +7,7 @@
     timeout_s = 20                    # a command or MCP call past this is stopped
     max_output_chars = 8000           # what goes back to the model is cut here
     max_steps = 6                     # tool calls per request before the agent must answer
+    tool_choice = "auto"              # or "required" (a small model rarely calls on its own)
 
     [tools.mcp.notes]                 # an MCP server (stdio), its tools named notes.<tool>
     command = "python"
@@ -41,6 +42,7 @@ class ToolsConfig:
     max_output_chars: int = 8000
     max_steps: int = 6
     mcp: tuple[McpServer, ...] = ()
+    tool_choice: str = "auto"  # the first step's; later steps are "auto"
 
 
 def _folders(value: Any, key: str) -> tuple[Path, ...]:
@@ -76,6 +78,9 @@ def tools_config(table: Mapping[str, Any] | None, cwd: Path | None = None) -> To
         if not name.replace("_", "").replace("-", "").isalnum():
             raise InvalidInputError(f"settings [tools.mcp.{name}]: a server name is letters, digits, - and _")
         servers.append(McpServer(name, spec["command"], tuple(args), dict(env)))
+    choice = table.get("tool_choice", "auto")
+    if not isinstance(choice, str) or not choice:
+        raise InvalidInputError('settings [tools] tool_choice must be "auto", "required", "none" or a tool\'s name')
     here = (Path(cwd or Path.cwd()).resolve(),)
     return ToolsConfig(
         read_folders=here + _folders(table.get("read_folders", []), "read_folders"),
@@ -84,4 +89,5 @@ def tools_config(table: Mapping[str, Any] | None, cwd: Path | None = None) -> To
         max_output_chars=int(_number(table, "max_output_chars", 8000, 100, 1_000_000)),
         max_steps=int(_number(table, "max_steps", 6, 1, 100)),
         mcp=tuple(servers),
+        tool_choice=choice,
     )

@@ -20,7 +20,17 @@ from textual.widgets import Footer, Header, Input, LoadingIndicator, OptionList,
 
 from macaron_local.errors import MacaronError
 from macaron_local.session import Reply, Session, TranscriptItem
-from macaron_ui.screens.modals import EditorScreen, HelpScreen, LearningScreen, PickScreen, TextPromptScreen
+from macaron_local.tools.agent import Agent
+from macaron_local.tools.approval import ApprovalRequest, Approvals
+from macaron_local.tools.toolbox import Toolbox
+from macaron_ui.screens.modals import (
+    EditorScreen,
+    HelpScreen,
+    LearningScreen,
+    PickScreen,
+    TextPromptScreen,
+    ToolApprovalScreen,
+)
 from macaron_ui.widgets.conversations import ConversationList
 from macaron_ui.widgets.message import MessageView
 from macaron_ui.widgets.prompt import PromptInput
@@ -154,7 +164,52 @@ class ChatScreen(Screen):
         prompt = self.query_one(PromptInput)
         prompt.remember(text)
         prompt.value = ""
+        if self.tools_enabled():
+            self.generating = True
+            self.run_agent(text)
+            return
         self.start(lambda cancel: self.session.send(text, cancel=cancel), user_text=text)
+
+    # ----------------------------------------------------------------- tools
+    def tools_enabled(self) -> bool:
+        table = self.session.settings.values.get("tools") or {}
+        return isinstance(table, dict) and table.get("enabled") is True
+
+    def ask_approval(self, request: ApprovalRequest) -> str:
+        """From the agent's worker thread: show the modal and wait for the user's answer."""
+        answered = threading.Event()
+        answer = {"value": "deny"}
+
+        def chosen(value: str | None) -> None:
+            answer["value"] = value or "deny"
+            answered.set()
+
+        self.app.call_from_thread(self.app.push_screen, ToolApprovalScreen(request), chosen)
+        answered.wait()
+        return answer["value"]
+
+    @work(thread=True, exclusive=True, group="generate")
+    def run_agent(self, text: str) -> None:
+        """A request with the tools offered: each call waits for the modal; the trajectory is
+        drawn folded once the agent has answered."""
+        call = self.app.call_from_thread
+        try:
+            call(self.set_status, "Working (tools on)…", True)
+            with Toolbox(self.session.settings) as toolbox:
+                steps = []
+
+                def shown(step) -> None:
+                    steps.append(step)
+                    call(self.set_status, f"tool {step.name}: {step.approval}, {step.status}", True)
+
+                agent = Agent(self.session, toolbox.tools, Approvals(self.ask_approval), toolbox.config, shown)
+                turn = agent.run(text, tool_choice=toolbox.config.tool_choice)
+            call(self.set_status, f"{len(steps)} tool call(s) · {turn.reply.route.slot} answered")
+        except MacaronError as exc:
+            call(self.set_status, f"[red]{exc}[/red]")
+        finally:
+            self.generating = False
+            call(self.after_turn)
 
     def start(self, begin: Callable[[threading.Event], Reply], user_text: str | None = None) -> None:
         self.cancel_event = threading.Event()

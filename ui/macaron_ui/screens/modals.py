@@ -1,4 +1,5 @@
-"""Small modal screens: the correction editor, a text prompt, a picker, help and learning."""
+"""Small modal screens: the correction editor, a text prompt, a picker, tool approval, help and
+learning."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Markdown, OptionList, TextArea
+from textual.widgets import Button, Input, Label, Markdown, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from macaron_local.session import Session
+from macaron_local.tools.approval import ApprovalRequest
 from macaron_ui.screens.learning_setup import LearningSetupScreen
 
 #: Readiness states that "Set up learning" fixes (the schedule, the trainer, or both).
@@ -108,6 +110,8 @@ HELP = """\
 | **+ / -** (on a reply) | rate it good or bad |
 | **r** (on a reply) or **Ctrl+R** | regenerate the reply (the old one is kept) |
 | **[ / ]** (on a message) | previous / next branch |
+| **t** (on a message) | unfold its thinking, tool call or tool result |
+| **y / n / a** (tool approval) | approve the call, deny it, approve this tool in this folder from now on |
 | **c** or **Ctrl+Y** | copy the reply |
 | **b** | copy the reply's first code block |
 | **Ctrl+N** | new chat |
@@ -120,6 +124,40 @@ HELP = """\
 Corrections and ratings are stored on this computer only; the nightly learning run turns them
 into a personal adapter for the expert that answered.
 """
+
+
+class ToolApprovalScreen(ModalScreen[str]):
+    """The exact call the assistant wants to make (a diff for a file write), and the user's
+    answer: approve (y), deny (n or Esc), always for this tool in this folder (a)."""
+
+    BINDINGS = [
+        Binding("y", "answer('approve')", "Approve"),
+        Binding("n,escape", "answer('deny')", "Deny"),
+        Binding("a", "answer('always')", "Always here"),
+    ]
+
+    def __init__(self, request: ApprovalRequest) -> None:
+        super().__init__()
+        self.request = request
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="tool-approval"):
+            yield Label(self.request.title, classes="dialog-title")
+            with VerticalScroll(id="tool-preview"):
+                yield Static(self.request.preview, markup=False)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Approve (y)", id="approve", variant="success")
+                yield Button("Deny (n)", id="deny", variant="error")
+                yield Button("Always here (a)", id="always")
+
+    def on_mount(self) -> None:
+        self.query_one("#deny", Button).focus()  # Enter on the default does nothing harmful
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id or "deny")
+
+    def action_answer(self, answer: str) -> None:
+        self.dismiss(answer)
 
 
 class HelpScreen(ModalScreen[None]):

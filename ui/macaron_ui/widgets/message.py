@@ -17,6 +17,7 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Collapsible, Markdown, Static
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+TOOL_NAME = re.compile(r'<tool_call>\s*(?:\{\s*"name"\s*:\s*"([^"]+)"|<function=([^>\n]+)>)')
 #: Longer messages (a 1 MB paste) are shown truncated; the store keeps the full text.
 DISPLAY_LIMIT = 20_000
 
@@ -25,6 +26,17 @@ def displayable(text: str) -> str:
     if len(text) <= DISPLAY_LIMIT:
         return text
     return text[:DISPLAY_LIMIT] + f"\n\n*… {len(text) - DISPLAY_LIMIT:,} more characters, kept in full in the store*"
+
+
+def trajectory_title(role: str, text: str) -> str | None:
+    """The folded line of a trajectory step: a reply that calls a tool, or a tool's result."""
+    if role == "tool":
+        first = text.strip().splitlines()[0] if text.strip() else "(empty)"
+        return f"Tool result: {first[:70]} (t)"
+    call = TOOL_NAME.search(text) if role == "assistant" and "<tool_call>" in text else None
+    if call is not None:
+        return f"Tool call: {call.group(1) or call.group(2)} (t)"
+    return None
 
 
 class MessageView(Vertical, can_focus=True):
@@ -68,6 +80,11 @@ class MessageView(Vertical, can_focus=True):
         if self.thinking:
             with Collapsible(title="Thinking (t)", collapsed=True, classes="message-thinking"):
                 yield Static(displayable(self.thinking), markup=False)
+        fold = trajectory_title(self.role, self.text)
+        if fold is not None:  # a tool call or a tool's result: folded, `t` opens it
+            with Collapsible(title=fold, collapsed=True, classes="message-tool"):
+                yield Static(displayable(self.text), markup=False, classes="message-body")
+            return
         yield Markdown(displayable(self.text), classes="message-body")
 
     def _header(self) -> str:
@@ -100,7 +117,11 @@ class MessageView(Vertical, can_focus=True):
 
     async def replace_text(self, text: str) -> None:
         self.text = text
-        await self.query_one(Markdown).update(displayable(text))
+        body = self.query_one(".message-body")
+        if isinstance(body, Markdown):
+            await body.update(displayable(text))
+        else:
+            body.update(displayable(text))
 
     def first_code_block(self) -> str | None:
         match = CODE_BLOCK.search(self.text)

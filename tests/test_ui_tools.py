@@ -1,0 +1,62 @@
+"""Tools in the chat app, driven by Textual's pilot on the embedded model: a call waits in the
+approval modal showing the exact diff; approving runs it once, denying runs nothing; the call
+and its result are drawn folded in the transcript."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from textual.widgets import Collapsible
+
+from macaron_local.settings import Settings
+from macaron_ui.app import MacaronApp
+from macaron_ui.screens.modals import ToolApprovalScreen
+from macaron_ui.widgets.message import MessageView
+from macaron_ui.widgets.prompt import PromptInput
+
+pytestmark = pytest.mark.slow
+SIZE = (110, 40)
+
+
+async def until(pilot, condition, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.05)
+
+
+@pytest.mark.parametrize("key", ["y", "n"])
+async def test_the_approval_modal_shows_the_call_and_only_approval_runs_it(home: Settings, tmp_path, key):
+    work = tmp_path / "work"
+    work.mkdir()
+    tools = {"enabled": True, "write_folders": [str(work)], "tool_choice": "write_file", "max_steps": 1}
+    home.save(model="embedded", max_tokens=160, tools=tools)
+    app = MacaronApp(home)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.chat
+        await until(pilot, lambda: screen.session.loaded)
+        prompt = screen.query_one(PromptInput)
+        prompt.focus()
+        prompt.value = "Write the word hello into the file notes.txt."
+        before = screen.turns_shown
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen))
+        modal = app.screen
+        assert modal.request.tool.name == "write_file" and "+++ " in modal.request.preview
+        assert list(work.iterdir()) == []  # nothing runs while the modal waits
+        await pilot.press(key)
+        await until(pilot, lambda: screen.turns_shown > before and not screen.generating)
+        views = list(screen.query(MessageView))
+        folds = [fold.title for view in views for fold in view.query(Collapsible)]
+        store = screen.session.store
+        [turn] = [t for t in store.get_conversation(screen.session.conversation_id).turns if t.tool_calls]
+    assert any(title.startswith("Tool call: write_file") for title in folds)
+    assert any(title.startswith("Tool result: ") for title in folds)
+    [call] = turn.tool_calls
+    if key == "y":
+        assert call["approval"] == "approved" and call["status"] == "ok"
+        assert [p.name for p in work.iterdir()] == [call["arguments"]["path"]]
+    else:
+        assert call["approval"] == "denied" and list(work.iterdir()) == []
