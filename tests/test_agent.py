@@ -66,6 +66,8 @@ def test_a_call_waits_for_approval_runs_once_and_returns_to_the_expert_that_made
     assert recorded["approval"] == "approved" and recorded["status"] == "ok"
     assert recorded["arguments"] == step.arguments and recorded["result_message_id"] == step.result_message_id
     assert turns[final.message_id].expert == "L1"
+    [rating] = conversation.feedback
+    assert (rating.kind, rating.value, rating.message_id) == ("rating", 1, step.call_message_id)
     exported = json.loads(out.getvalue())
     [with_calls] = [t for t in exported["turns"] if t["tool_calls"]]
     assert with_calls["tool_calls"] == [recorded]
@@ -77,8 +79,13 @@ def test_a_denied_call_runs_nothing_and_the_model_is_told(home, workspace):
         agent = agent_in(session, workspace, lambda request: "deny")
         turn = agent.run(REQUEST, expert="L1", params=PARAMS, tool_choice="write_file", after_result="none")
         tool_message = session.store.get_message(turn.steps[0].result_message_id)
+        feedback = session.store.get_conversation(session.conversation_id).feedback
     assert [s.status for s in turn.steps] == ["denied"] and list(workspace.iterdir()) == []
     assert tool_message.role == "tool" and tool_message.content == "write_file was not run: the user denied it."
+    # The denial is experience: a -1 rating on the reply that made the call, for the nightly run.
+    [rating] = feedback
+    assert (rating.kind, rating.value, rating.message_id) == ("rating", -1, turn.steps[0].call_message_id)
+    assert rating.text.startswith("tool call write_file denied")
 
 
 def test_a_file_that_says_to_write_never_gets_an_unapproved_write(home, workspace):

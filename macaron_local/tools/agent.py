@@ -4,6 +4,12 @@ back to the same expert, until it answers in text or reaches the step limit.
 Each call is recorded on the turn of the reply that made it (tool, arguments, how it was
 approved, status, time, and the id of the tool message holding its result), so the whole
 trajectory lives in the conversation tree, is exported with it, and reaches the nightly run.
+
+Experience teaches: a call the user denied, or one that failed, is rated -1 on the reply that
+made it (the comment says why); a call the user approved that ran is rated +1. These are
+ratings like the user's own, so the nightly run pushes away from calls the user turns down.
+The tool's result is a `tool` message: context for the episodes, never trained as the model's
+own output.
 A call the sandbox refuses is refused before the user is asked; a denied call runs nothing
 and the model is told so as the tool's result.
 """
@@ -51,6 +57,17 @@ class AgentTurn:
     reply: Any  # the session's Reply that ended the request (text, or the last call at the limit)
     steps: list[ToolStep] = field(default_factory=list)
     stopped_at_limit: bool = False
+
+
+def experience(steps: Sequence[ToolStep]) -> tuple[int, str] | None:
+    """The rating one reply's calls earned: -1 when any was denied or failed, +1 when the user
+    approved them and they ran, none for read-only calls nobody was asked about."""
+    bad = [s for s in steps if s.status != "ok"]
+    if bad:
+        return -1, f"tool call {bad[0].name} {bad[0].status}: {bad[0].result[:120]}"
+    if any(s.approval in ("approved", "always") for s in steps):
+        return 1, f"tool call {steps[0].name} approved by the user"
+    return None
 
 
 def one_line(text: str) -> str:
@@ -102,6 +119,9 @@ class Agent:
             reply.wait()
             done[-1] = replace(done[-1], result_message_id=reply.user_message_id)
             session.record_tool_calls(done[0].call_message_id, [s.record() for s in done])
+            signal = experience(done)
+            if signal is not None:
+                session.rate(done[0].call_message_id, *signal)
             steps += done
         return AgentTurn(reply, steps, stopped_at_limit=True)
 
