@@ -7,7 +7,8 @@ corrections the simulated user makes that day. After the night's real learning p
 is scored on its held-out prompts (greedy replies, routed and served as the chat serves them).
 
 Output: {"before": {name: share}, "nights": [{"scenarios": [names], "wall_s": s,
-"shares": {name: share}}, ...]}. Each night's decision goes to stderr.
+"shares": {name: share}, "decisions": [per slot: decision, reason, candidates tried]}, ...]}.
+Each night's decision also goes to stderr.
 
 Target: two nights with different scenarios keep night 1's share within 0.1 of its value
 after night 1; three scenarios taught on one night each reach >= 0.6.
@@ -66,8 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         reports = learn_once(session.store, session.catalog, session.manifest, config)
         wall = time.perf_counter() - started
+        decisions = []
         for r in reports:
             print(f"night {len(report['nights']) + 1}: {r.slot} {r.decision}: {r.reason}", file=sys.stderr)
+            candidates = [
+                {"name": c.get("name"), "passed": c.get("passed"), "reasons": c.get("reasons", [])}
+                for c in (r.metrics or {}).get("candidates", [])
+            ]
+            decisions.append({"slot": r.slot, "decision": r.decision, "reason": r.reason, "candidates": candidates})
         session.close()
         session = Session(settings, engine_config={"n_ctx": 2048})  # serves what was deployed
         report["nights"].append(
@@ -75,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 "scenarios": [s.get("name", s["_path"]) for s in night],
                 "wall_s": round(wall, 1),
                 "shares": {s.get("name", s["_path"]): share(session, s) for s in seen},
+                "decisions": decisions,
             }
         )
     session.close()
