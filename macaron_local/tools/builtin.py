@@ -51,6 +51,18 @@ def _read_text(path: Path) -> str:
     return path.read_bytes().decode("utf-8", errors="replace")
 
 
+def _umask() -> int:
+    """The process umask, read without setting it (os.umask would change it for every thread
+    for a moment, and the store's private files must never be created in that moment)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 @cache
 def _no_network_prefix() -> tuple[str, ...]:
     """`unshare -rn` where it works (a new, empty network namespace): commands have no network."""
@@ -115,6 +127,8 @@ def builtin_tools(config: ToolsConfig) -> list[ToolSpec]:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 out.write(content)
+            # The user's file, not ours: keep a replaced file's mode, else the umask's default.
+            os.chmod(temp, target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask())
             os.replace(temp, target)
         except BaseException:
             Path(temp).unlink(missing_ok=True)

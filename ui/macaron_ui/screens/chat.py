@@ -166,6 +166,7 @@ class ChatScreen(Screen):
         prompt.value = ""
         if self.tools_enabled():
             self.generating = True
+            self.run_worker(self.show_request(text))
             self.run_agent(text)
             return
         self.start(lambda cancel: self.session.send(text, cancel=cancel), user_text=text)
@@ -174,6 +175,13 @@ class ChatScreen(Screen):
     def tools_enabled(self) -> bool:
         table = self.session.settings.values.get("tools") or {}
         return isinstance(table, dict) and table.get("enabled") is True
+
+    async def show_request(self, text: str) -> None:
+        """The user's message at once, while the agent works (the transcript is redrawn after)."""
+        for view in [v for v in self.query(MessageView) if v.role == "welcome"]:
+            await view.remove()
+        await self.transcript.mount(MessageView("user", text))
+        self.transcript.scroll_end(animate=False)
 
     def ask_approval(self, request: ApprovalRequest) -> str:
         """From the agent's worker thread: show the modal and wait for the user's answer."""
