@@ -135,7 +135,10 @@ def test_tool_round_trip(served, client) -> None:
             {"role": "assistant", "content": None, "tool_calls": [call]},
         ]
     messages.append({"role": "user", "content": "What is the weather in Paris?"})
+    bare = client.chat.completions.create(model="embedded", messages=messages, max_tokens=1)
     first = client.chat.completions.create(model="embedded", messages=messages, tools=[WEATHER], max_tokens=40)
+    # The tools reached the model's prompt (the session offers them; the stored system prompt is the user's).
+    assert first.usage.prompt_tokens > bare.usage.prompt_tokens + 20
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message.content
     (call,) = choice.message.tool_calls
@@ -156,7 +159,7 @@ def test_tool_round_trip(served, client) -> None:
         branch = store.path(conversation.current_leaf_id)
     assert [m.role for m in branch[-3:]] == ["assistant", "tool", "assistant"]
     assert '"name": "get_weather"' in branch[-3].content and "sunny" in branch[-2].content
-    assert "get_weather" in conversation.system_prompt  # the tools were in the model's prompt
+    assert "get_weather" not in conversation.system_prompt  # offered per request, not stored as the prompt
     assert len(conversation.turns) == 2  # two replies generated; the few-shot history was recorded, not answered
     call_turn, answer_turn = sorted(conversation.turns, key=lambda t: t.created_at)
     assert answer_turn.route_method == "pending" and answer_turn.expert == call_turn.expert  # back to the caller

@@ -32,10 +32,12 @@ from starlette.routing import Route
 
 from macaron_local.catalog import SLOTS
 from macaron_local.errors import InvalidInputError, MacaronError
+from macaron_local.protocol.features import family_for
+from macaron_local.protocol.options import protocol_options
 from macaron_local.server.auth import authorized
 from macaron_local.server.limits import Admission, BusyError, Limits, TooLargeError, read_body
 from macaron_local.server.schemas import BadRequestError, ChatCompletionRequest, FeedbackRequest, parse
-from macaron_local.server.tools import ParsedCall, history_text, parse_tool_calls, streamable, tools_prompt
+from macaron_local.server.tools import ParsedCall, history_text, offered_tool, parse_tool_calls, streamable
 from macaron_local.server.worker import NotFoundError, SessionWorker, TurnRequest, TurnResult
 from macaron_local.session import Session
 
@@ -84,6 +86,7 @@ class ChatAPI:
         self.admission = Admission(limits.queue)
         self._replies: OrderedDict[str, str] = OrderedDict()  # completion id -> stored message id
         self._model_ids: list[str] | None = None
+        self._family = "hermes"  # the model's tool-call markup, read with its manifest
 
     # ----------------------------------------------------------------- helpers
     def guard(self, request: Request) -> None:
@@ -95,6 +98,7 @@ class ChatAPI:
         if self._model_ids is None:
             manifest = await self.worker.feedback(lambda s: s.manifest)
             self._model_ids = [manifest.name, *[slot for slot in SLOTS if slot in manifest.experts]]
+            self._family = family_for(manifest.architecture, protocol_options(manifest).family)
         return self._model_ids
 
     def remember(self, completion_id: str, message_id: str | None) -> None:
@@ -149,7 +153,8 @@ class ChatAPI:
         if kind == "error":
             return response_for(value)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-        reply = ResponseBuilder(completion_id, body.model or (await self.model_ids())[0], value, known_tools)
+        model = body.model or (await self.model_ids())[0]
+        reply = ResponseBuilder(completion_id, model, value, known_tools, self._family)
         headers = {"X-Macaron-Conversation-Id": value}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -190,7 +195,10 @@ class ChatAPI:
             else:
                 text = history_text(message) if message.role == "assistant" else message.text()
                 conversation.append((message.role, text))
-        tools = body.tools if body.tools and body.tool_choice != "none" else []
+        tools = body.tools or []
+        choice = body.tool_choice or "auto"
+        if isinstance(choice, dict):  # {"type": "function", "function": {"name": ...}}
+            choice = str((choice.get("function") or {}).get("name") or "auto")
         overrides: dict[str, Any] = {}
         if body.max_completion_tokens or body.max_tokens:
             overrides["max_tokens"] = body.max_completion_tokens or body.max_tokens
@@ -201,12 +209,13 @@ class ChatAPI:
             conversation_id=body.conversation_id or request.headers.get(CONVERSATION_HEADER),
             messages=conversation,
             system_prompt="\n\n".join(system) if system else None,
-            tools_prompt=tools_prompt(tools) if tools else "",
+            tools=[offered_tool(t) for t in tools],
+            tool_choice=choice,
             expert=expert,
             overrides=overrides,
             max_tokens_cap=self.limits.max_tokens,
         )
-        return turn, {t.function.name for t in tools}
+        return turn, {t.function.name for t in tools} if choice != "none" else set()
 
     async def stream(
         self, reply: ResponseBuilder, events: asyncio.Queue, cancel: threading.Event, include_usage: bool
@@ -257,11 +266,14 @@ def _record_feedback(session: Session, message_id: str, body: FeedbackRequest) -
 class ResponseBuilder:
     """Builds one response's JSON objects (whole, or as stream chunks)."""
 
-    def __init__(self, completion_id: str, model: str, conversation_id: str, tools: set[str]) -> None:
+    def __init__(
+        self, completion_id: str, model: str, conversation_id: str, tools: set[str], family: str = "hermes"
+    ) -> None:
         self.id = completion_id
         self.model = model
         self.conversation_id = conversation_id
         self.tools = tools
+        self.family = family
         self.created = int(time.time())
         self.pieces: list[str] = []
 
@@ -274,7 +286,7 @@ class ResponseBuilder:
                 raise value
 
     def split(self, text: str) -> tuple[str, list[ParsedCall]]:
-        return parse_tool_calls(text, self.tools) if self.tools else (text, [])
+        return parse_tool_calls(text, self.tools, self.family) if self.tools else (text, [])
 
     def whole(self, result: TurnResult) -> dict[str, Any]:
         content, calls = self.split(result.text)

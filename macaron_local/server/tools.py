@@ -1,11 +1,12 @@
-"""The tool-call text format between the server and the model: `<tool_call>{json}</tool_call>`.
+"""Tool calls between the API and the model.
 
-The model is told the tools in its system prompt and answers a call as one or more
-`<tool_call>` blocks holding `{"name": ..., "arguments": {...}}` (or a JSON list of them, as
-SmolLM2 writes). Calls a client sends back in the history are written the same way, so the
-model reads its own earlier calls as it wrote them. This is deliberately small and self-contained:
-a model family's own tool-call syntax belongs to the protocol layer, and `parse_tool_calls`
-is the one function to replace when that lands.
+A request's tools go to the session as tools offered (`offered_tool`): the model's chat
+template renders them where it knows tools (Qwen3's, Tall's), else the system message lists
+them, and a small model's reply is held to a well-formed call by a grammar
+(`macaron_local.tools.prompting`). The model answers a call as `<tool_call>` blocks: hermes
+JSON `{"name": ..., "arguments": {...}}` (or a JSON list of them, as SmolLM2 writes), or
+Qwen3-Coder markup for Tall's family. Calls a client sends back in the history are written in
+hermes JSON, so the model reads earlier calls in one format.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from macaron_local.protocol import features
 from macaron_local.server.schemas import ChatMessage, ToolSpec
+from macaron_local.tools.spec import ToolSpec as OfferedTool
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
@@ -30,21 +33,10 @@ class ParsedCall:
     arguments: str  # a JSON object, as the OpenAI API carries it
 
 
-def tools_prompt(tools: list[ToolSpec]) -> str:
-    """What the system prompt gains when a request offers tools."""
-    specs = [
-        {"name": t.function.name, "description": t.function.description, "parameters": t.function.parameters}
-        for t in tools
-    ]
-    return (
-        "You can call these tools:\n<tools>"
-        + json.dumps(specs, ensure_ascii=False)
-        + "</tools>\nTo call one, reply with only "
-        + OPEN
-        + '{"name": ..., "arguments": {...}}'
-        + CLOSE
-        + "."
-    )
+def offered_tool(tool: ToolSpec) -> OfferedTool:
+    """A request's tool as the session offers it: the client runs it, so it has no runner."""
+    parameters = tool.function.parameters or {"type": "object", "properties": {}}
+    return OfferedTool(tool.function.name, tool.function.description or "", parameters, effect="external")
 
 
 def call_text(name: str, arguments: str | dict[str, Any]) -> str:
@@ -74,7 +66,7 @@ def streamable(text: str) -> int:
     return len(text)
 
 
-def parse_tool_calls(text: str, known: set[str]) -> tuple[str, list[ParsedCall]]:
+def parse_tool_calls(text: str, known: set[str], family: str = "hermes") -> tuple[str, list[ParsedCall]]:
     """Split a reply into its plain text and the calls of tools in `known` it makes.
 
     A block that is not JSON, names an unknown tool or has non-object arguments is left in the
@@ -84,7 +76,7 @@ def parse_tool_calls(text: str, known: set[str]) -> tuple[str, list[ParsedCall]]
     kept: list[str] = []
     position = 0
     for match in _BLOCK.finditer(text):
-        found = _calls_in(match.group(1), known)
+        found = _markup_calls(match.group(0), known) if family == "qwen3_coder" else _calls_in(match.group(1), known)
         if found is None:
             continue
         kept.append(text[position : match.start()])
@@ -92,6 +84,14 @@ def parse_tool_calls(text: str, known: set[str]) -> tuple[str, list[ParsedCall]]
         calls += found
     kept.append(text[position:])
     return "".join(kept).strip() if calls else text, calls
+
+
+def _markup_calls(block: str, known: set[str]) -> list[ParsedCall] | None:
+    """Qwen3-Coder calls (`<function=NAME><parameter=KEY>VALUE</parameter></function>`)."""
+    found = features.parse_tool_calls(block if block.endswith(CLOSE) else block + CLOSE, "qwen3_coder")
+    if not found or any(call.name not in known for call in found):
+        return None
+    return [ParsedCall(f"call_{uuid.uuid4().hex[:24]}", c.name, json.dumps(c.arguments)) for c in found]
 
 
 def _calls_in(body: str, known: set[str]) -> list[ParsedCall] | None:

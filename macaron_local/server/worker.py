@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from macaron_local.errors import InvalidInputError
 from macaron_local.router import Route
 from macaron_local.session import Session
+from macaron_local.tools.spec import ToolSpec as OfferedTool
 
 T = TypeVar("T")
 
@@ -35,7 +36,8 @@ class TurnRequest:
     conversation_id: str | None
     messages: list[tuple[str, str]]  # (role, text) of the client's conversation, system excluded
     system_prompt: str | None  # None: the conversation's own (or the default for a new one)
-    tools_prompt: str  # appended to the system prompt when the request offers tools
+    tools: list[OfferedTool]  # what the request offers the model (run by the client, not here)
+    tool_choice: str  # auto | required | none | a tool's name
     expert: str | None
     overrides: dict[str, Any]  # GenerationParams fields the request set
     max_tokens_cap: int
@@ -138,8 +140,6 @@ class SessionWorker:
             session.new_conversation()
             default = str(session.settings.get("system_prompt"))
         system = default if request.system_prompt is None else request.system_prompt
-        if request.tools_prompt and not system.endswith(request.tools_prompt):
-            system = f"{system}\n\n{request.tools_prompt}".strip()
         session.system_prompt = system
         params = replace(session.default_params(), **request.overrides)
         params.max_tokens = min(params.max_tokens, request.max_tokens_cap)
@@ -153,7 +153,15 @@ class SessionWorker:
         session.add_history([{"role": r, "content": t} for r, t in history])
         if role == "tool" and request.conversation_id and not history:
             session.last_route = _route_of_last_reply(session)  # the result goes back to the caller
-        reply = session.send(text, role=role, expert=request.expert, params=params, cancel=request.cancel)
+        reply = session.send(
+            text,
+            role=role,
+            expert=request.expert,
+            params=params,
+            cancel=request.cancel,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+        )
         emit("started", reply.conversation_id)
         for piece in reply:
             emit("piece", piece)
