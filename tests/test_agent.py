@@ -51,6 +51,7 @@ def test_a_call_waits_for_approval_runs_once_and_returns_to_the_expert_that_made
         conversation = store.get_conversation(cid)
         out = io.StringIO()
         store.export_jsonl(out, [cid])
+        hits = store.search("characters")  # the tool's result ("wrote N characters to ...") is searchable
     [step] = turn.steps
     assert step.name == "write_file" and (step.approval, step.status) == ("approved", "ok")
     assert len(asked) == 1 and asked[0].tool.name == "write_file" and "+" in asked[0].preview
@@ -68,6 +69,9 @@ def test_a_call_waits_for_approval_runs_once_and_returns_to_the_expert_that_made
     assert turns[final.message_id].expert == "L1"
     [rating] = conversation.feedback
     assert (rating.kind, rating.value, rating.message_id) == ("rating", 1, step.call_message_id)
+    assert [(h.conversation_id, h.role) for h in hits] == [(cid, "tool")]
+    shown = run_cli("logs", "show", cid, home=home.data_dir.parent)
+    assert shown.returncode == 0 and "tool call: write_file (approved, ok" in shown.stdout
     exported = json.loads(out.getvalue())
     [with_calls] = [t for t in exported["turns"] if t["tool_calls"]]
     assert with_calls["tool_calls"] == [recorded]

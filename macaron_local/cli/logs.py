@@ -133,6 +133,8 @@ def render_branch(conversation: Conversation) -> str:
             out.write(note + "\n")
         if turn is not None and turn.summary:  # the hidden summary hop's text for the task
             out.write(f"  summary: {turn.summary}\n")
+        for call in (turn.tool_calls or []) if turn is not None else []:  # the trajectory's steps
+            out.write(f"  tool call: {call['name']} ({call['approval']}, {call['status']}, {call['ms']:.0f} ms)\n")
     return out.getvalue()
 
 
