@@ -4,9 +4,8 @@ and its result are drawn folded in the transcript."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from test_ui import until
 from textual.widgets import Collapsible
 
 from macaron_local.settings import Settings
@@ -17,14 +16,6 @@ from macaron_ui.widgets.prompt import PromptInput
 
 pytestmark = pytest.mark.slow
 SIZE = (110, 40)
-
-
-async def until(pilot, condition, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the app")
-        await pilot.pause(0.05)
 
 
 @pytest.mark.parametrize("key", ["y", "n"])
@@ -42,12 +33,12 @@ async def test_the_approval_modal_shows_the_call_and_only_approval_runs_it(home:
         prompt.value = "Write the word hello into the file notes.txt."
         before = screen.turns_shown
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen))
+        await until(pilot, lambda: isinstance(app.screen, ToolApprovalScreen), timeout=240)
         modal = app.screen
         assert modal.request.tool.name == "write_file" and "+++ " in modal.request.preview
         assert list(work.iterdir()) == []  # nothing runs while the modal waits
         await pilot.press(key)
-        await until(pilot, lambda: screen.turns_shown > before and not screen.generating)
+        await until(pilot, lambda: screen.turns_shown > before and not screen.generating, timeout=240)
         views = list(screen.query(MessageView))
         folds = [fold.title for view in views for fold in view.query(Collapsible)]
         store = screen.session.store
