@@ -42,6 +42,7 @@ def run_checks(settings: Settings, model: str | None = None, load: bool = False)
     checks.append(_backend_check())
     checks.extend(_path_checks(settings))
     checks.append(_settings_check(settings))
+    checks.append(_tools_check(settings))
 
     catalog = Catalog(settings)
     try:
@@ -116,6 +117,24 @@ def _path_checks(settings: Settings) -> list[Check]:
         why = "" if ok else (" (not writable)" if not writable else f" (mode {mode:o}; should be 700)")
         checks.append(Check(label, ok, f"{path}{why}"))
     return checks
+
+
+def _tools_check(settings: Settings) -> Check:
+    """What the agent may touch: offered or not, the writable folders, MCP servers, and whether
+    commands run without network here."""
+    from macaron_local.tools.builtin import command_has_network
+    from macaron_local.tools.config import tools_config
+
+    try:
+        config = tools_config(settings.values.get("tools"))
+    except MacaronError as exc:
+        return Check("tools", False, str(exc))
+    enabled = (settings.values.get("tools") or {}).get("enabled") is True
+    writable = ", ".join(str(f) for f in config.write_folders) or "none"
+    network = "commands can reach the network" if command_has_network() else "commands run without network"
+    servers = f"; MCP: {', '.join(s.name for s in config.mcp)}" if config.mcp else ""
+    state = "offered" if enabled else "off (settings [tools] enabled = true)"
+    return Check("tools", True, f"{state}; writable: {writable}; {network}{servers}")
 
 
 def _settings_check(settings: Settings) -> Check:
