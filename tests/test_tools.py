@@ -183,3 +183,23 @@ def test_an_mcp_server_that_does_not_start_is_one_line(tmp_path):
     with pytest.raises(MacaronError, match="MCP server 'broken'") as failure:
         McpServers([McpServer("broken", sys.executable, ("-c", "import sys; sys.exit(3)"))], timeout_s=5)
     assert "\n" not in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        {"mcp": 3},
+        {"mcp": {"x": 3}},
+        {"read_folders": ["a\0b"]},
+        {"read_folders": [1]},
+        {"enabled": "yes"},
+        {"tool_choice": 5},
+        {"max_steps": True},
+        {"max_output_chars": float("nan")},
+        [1],
+    ],
+)
+def test_hostile_tools_tables_are_one_line_errors(tmp_path, table):
+    with pytest.raises(InvalidInputError) as failure:
+        tools_config(table, cwd=tmp_path)
+    assert "\n" not in str(failure.value)

@@ -46,9 +46,12 @@ class ToolsConfig:
 
 
 def _folders(value: Any, key: str) -> tuple[Path, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, str) and v and "\0" not in v for v in value):
         raise InvalidInputError(f"settings [tools] {key} must be a list of folder paths")
-    return tuple(Path(v).expanduser().resolve() for v in value)
+    try:
+        return tuple(Path(v).expanduser().resolve() for v in value)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise InvalidInputError(f"settings [tools] {key}: {exc}") from None
 
 
 def _number(table: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -66,7 +69,10 @@ def tools_config(table: Mapping[str, Any] | None, cwd: Path | None = None) -> To
     if not isinstance(table.get("enabled", False), bool):
         raise InvalidInputError("settings [tools] enabled must be true or false")
     servers = []
-    for name, spec in (table.get("mcp") or {}).items():
+    listed = table.get("mcp") or {}
+    if not isinstance(listed, Mapping):
+        raise InvalidInputError("settings [tools.mcp] must be a table of servers")
+    for name, spec in listed.items():
         if not isinstance(spec, Mapping) or not isinstance(spec.get("command"), str) or not spec["command"]:
             raise InvalidInputError(f"settings [tools.mcp.{name}] needs command = the program to start")
         args = spec.get("args", [])
