@@ -20,10 +20,19 @@ class Toolbox:
         self.config: ToolsConfig = tools_config(table, cwd=cwd)
         self.enabled = bool((table or {}).get("enabled", False))
         self._servers: McpServers | None = None
-        self.tools: list[ToolSpec] = builtin_tools(self.config)
-        if self.config.mcp:
-            self._servers = McpServers(self.config.mcp, self.config.timeout_s)
-            self.tools += self._servers.tools
+        self._tools: list[ToolSpec] | None = None
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        """The built-in tools and the MCP servers' (started on first use, not before: a front
+        end that offers no tools starts no server)."""
+        if self._tools is None:
+            tools = builtin_tools(self.config)
+            if self.config.mcp:
+                self._servers = McpServers(self.config.mcp, self.config.timeout_s)
+                tools += self._servers.tools
+            self._tools = tools
+        return self._tools
 
     def close(self) -> None:
         if self._servers is not None:
