@@ -203,3 +203,18 @@ def test_hostile_tools_tables_are_one_line_errors(tmp_path, table):
     with pytest.raises(InvalidInputError) as failure:
         tools_config(table, cwd=tmp_path)
     assert "\n" not in str(failure.value)
+
+
+def test_the_toolbox_reads_mcp_servers_from_the_settings_and_starts_them_on_first_use(home, tmp_path):
+    from macaron_local.tools.toolbox import Toolbox
+
+    notes = tmp_path / "notes.log"
+    server = {"command": sys.executable, "args": [str(HERE / "mcp_notes_server.py")], "env": {"NOTES_FILE": str(notes)}}
+    home.save(tools={"mcp": {"notes": server}})
+    with Toolbox(home) as box:
+        assert box._servers is None  # nothing started yet
+        names = [tool.name for tool in box.tools]
+        assert names[:5] == ["read_file", "list_folder", "search_folder", "write_file", "run_command"]
+        assert set(names[5:]) == {"notes__add", "notes__note"}
+        add = next(tool for tool in box.tools if tool.name == "notes__add")
+        assert add.run({"a": 1, "b": 2}) == "3"
