@@ -125,3 +125,17 @@ def test_ask_offers_the_tools_and_denies_unapproved_calls_without_a_terminal(hom
     assert list(workspace.iterdir()) == []
     logged = run_cli("logs", "list", "--json", home=home.data_dir.parent)
     assert logged.returncode == 0 and len(json.loads(logged.stdout)) == 1
+
+
+def test_a_call_the_user_edits_runs_as_edited_and_is_learned_as_a_correction(home, workspace):
+    fixed = {"path": "hello.txt", "content": "hello"}
+    with Session(home, engine_config={"n_ctx": 2048}) as session:
+        agent = agent_in(session, workspace, lambda request: ("edit", fixed))
+        turn = agent.run(REQUEST, expert="L1", params=PARAMS, tool_choice="write_file", after_result="none")
+        feedback = session.store.get_conversation(session.conversation_id).feedback
+    [step] = turn.steps
+    assert (step.approval, step.status, step.arguments) == ("edited", "ok", fixed)
+    assert (workspace / "hello.txt").read_text() == "hello" and len(list(workspace.iterdir())) == 1
+    correction = next(f for f in feedback if f.kind == "correction")
+    assert correction.message_id == step.call_message_id
+    assert json.loads(correction.text.split("\n")[1]) == {"name": "write_file", "arguments": fixed}

@@ -218,3 +218,18 @@ def test_the_toolbox_reads_mcp_servers_from_the_settings_and_starts_them_on_firs
         assert set(names[5:]) == {"notes__add", "notes__note"}
         add = next(tool for tool in box.tools if tool.name == "notes__add")
         assert add.run({"a": 1, "b": 2}) == "3"
+
+
+def test_an_edited_call_runs_with_the_users_arguments_and_is_checked_again(folders):
+    read, write, outside = folders
+    agent = agent_for(read, write, lambda request: ("edit", {"path": "fixed.txt", "content": "as I meant it"}))
+    step = run(agent, "write_file", path="typo.txt", content="as it wrote")
+    assert (step.approval, step.status, step.arguments) == (
+        "edited",
+        "ok",
+        {"path": "fixed.txt", "content": "as I meant it"},
+    )
+    assert sorted(p.name for p in write.iterdir()) == ["fixed.txt"]
+    agent.approvals.ask = lambda request: ("edit", {"path": "../outside/x.txt", "content": "x"})
+    sneaky = run(agent, "write_file", path="ok.txt", content="x")
+    assert (sneaky.approval, sneaky.status) == ("edited", "refused") and not (outside / "x.txt").exists()

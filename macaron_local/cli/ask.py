@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from macaron_local.cli.common import add_model_option, load_settings, print_json
@@ -104,11 +105,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def terminal_asker(request: ApprovalRequest) -> str:
+def terminal_asker(request: ApprovalRequest) -> str | tuple[str, dict]:
     """Ask on the terminal (stderr for the question, the keyboard for the answer)."""
-    sys.stderr.write(f"\n{request.title}\n{request.preview}\n[y]es / [n]o / [a]lways for this tool here: ")
+    sys.stderr.write(f"\n{request.title}\n{request.preview}\n[y]es / [n]o / [a]lways for this tool here / [e]dit: ")
     sys.stderr.flush()
     answer = sys.stdin.readline().strip().lower()
+    if answer in ("e", "edit"):
+        sys.stderr.write("the arguments as one line of JSON: ")
+        sys.stderr.flush()
+        try:
+            arguments = json.loads(sys.stdin.readline())
+        except ValueError:
+            arguments = None
+        if isinstance(arguments, dict):
+            return "edit", arguments
+        sys.stderr.write("not a JSON object: denied\n")
+        return "deny"
     return {"y": "approve", "yes": "approve", "a": "always", "always": "always"}.get(answer, "deny")
 
 

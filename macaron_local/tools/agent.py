@@ -16,6 +16,7 @@ and the model is told so as the tool's result.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,7 +35,7 @@ class ToolStep:
 
     name: str
     arguments: dict[str, Any]
-    approval: str  # read-only | always | approved | denied | no one to ask | refused
+    approval: str  # read-only | always | approved | edited | denied | no one to ask | refused
     status: str  # ok | error | refused | denied | timeout
     result: str
     ms: float
@@ -65,7 +66,7 @@ def experience(steps: Sequence[ToolStep]) -> tuple[int, str] | None:
     bad = [s for s in steps if s.status != "ok"]
     if bad:
         return -1, f"tool call {bad[0].name} {bad[0].status}: {bad[0].result[:120]}"
-    if any(s.approval in ("approved", "always") for s in steps):
+    if any(s.approval in ("approved", "always", "edited") for s in steps):
         return 1, f"tool call {steps[0].name} approved by the user"
     return None
 
@@ -133,10 +134,10 @@ class Agent:
 
     def execute(self, call: ToolCall, call_message_id: str) -> ToolStep:
         started = time.perf_counter()
-        approval, outcome = self._run(call)
+        approval, outcome, arguments = self._run(call, call_message_id)
         step = ToolStep(
             call.name,
-            dict(call.arguments),
+            dict(arguments),
             approval,
             outcome.status,
             outcome.text,
@@ -147,26 +148,53 @@ class Agent:
             self.on_step(step)
         return step
 
-    def _run(self, call: ToolCall) -> tuple[str, ToolOutcome]:
+    def _run(self, call: ToolCall, call_message_id: str) -> tuple[str, ToolOutcome, dict[str, Any]]:
+        """(how it was approved, what it gave, the arguments it ran with)."""
+        arguments = dict(call.arguments)
         tool = self.by_name.get(call.name)
         if tool is None:
-            return "refused", ToolOutcome("refused", f"no tool is named {call.name!r}")
-        try:
-            if tool.check is not None:
-                tool.check(call.arguments)
-        except ToolRefused as exc:
-            return "refused", ToolOutcome("refused", f"refused: {one_line(exc)}")
+            return "refused", ToolOutcome("refused", f"no tool is named {call.name!r}"), arguments
+        refused = self._refusal(tool, arguments)
+        if refused is not None:
+            return "refused", refused, arguments
         workdir = self.config.write_folders[0] if self.config.write_folders else None
-        approved, how = self.approvals.decide(request_for(tool, call.arguments, workdir))
-        if not approved:
-            why = "the user denied it" if how == "denied" else "nobody was there to approve it"
-            return how, ToolOutcome("denied", f"{call.name} was not run: {why}.")
+        decision = self.approvals.decide(request_for(tool, arguments, workdir))
+        if not decision.approved:
+            why = "the user denied it" if decision.how == "denied" else "nobody was there to approve it"
+            return decision.how, ToolOutcome("denied", f"{call.name} was not run: {why}."), arguments
+        if decision.arguments is not None:  # the user corrected the call: learned like any correction
+            arguments = decision.arguments
+            if self.session is not None:
+                self.session.correct(call_message_id, call_markup(call.name, arguments, self.session.protocol.family))
+            refused = self._refusal(tool, arguments)
+            if refused is not None:
+                return decision.how, refused, arguments
         assert tool.run is not None
         try:
-            return how, ToolOutcome("ok", tool.run(call.arguments))
+            return decision.how, ToolOutcome("ok", tool.run(arguments)), arguments
         except ToolRefused as exc:
-            return how, ToolOutcome("refused", f"refused: {one_line(exc)}")
+            return decision.how, ToolOutcome("refused", f"refused: {one_line(exc)}"), arguments
         except TimeoutError as exc:
-            return how, ToolOutcome("timeout", one_line(exc))
+            return decision.how, ToolOutcome("timeout", one_line(exc)), arguments
         except Exception as exc:  # a tool's own failure goes back to the model as its result
-            return how, ToolOutcome("error", f"{call.name} failed: {one_line(exc)}")
+            return decision.how, ToolOutcome("error", f"{call.name} failed: {one_line(exc)}"), arguments
+
+    @staticmethod
+    def _refusal(tool: ToolSpec, arguments: dict[str, Any]) -> ToolOutcome | None:
+        try:
+            if tool.check is not None:
+                tool.check(arguments)
+        except ToolRefused as exc:
+            return ToolOutcome("refused", f"refused: {one_line(exc)}")
+        return None
+
+
+def call_markup(name: str, arguments: dict[str, Any], family: str) -> str:
+    """A call as the model family writes it (what a corrected call teaches)."""
+    if family == "qwen3_coder":
+        parameters = "".join(
+            f"<parameter={key}>\n{value if isinstance(value, str) else json.dumps(value)}\n</parameter>\n"
+            for key, value in arguments.items()
+        )
+        return f"<tool_call>\n<function={name}>\n{parameters}</function>\n</tool_call>"
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"

@@ -3,8 +3,10 @@
 Reading runs without asking. Anything that writes, deletes, executes or reaches an MCP tool not
 marked read-only waits for an `Asker`: the TUI's modal, a terminal prompt, or a fixed answer
 (`--yes-tools`, `--no-tools`). With nobody to ask, the call is denied. An answer of `always`
-approves that tool in that folder for the rest of the session. Only the user's answer can
-approve: nothing the model writes or a tool returns is ever read as one.
+approves that tool in that folder for the rest of the session; an answer of `("edit", args)`
+approves the call with the arguments the user corrected it to (recorded as a correction of
+the reply that made the call, like any other). Only the user's answer can approve: nothing
+the model writes or a tool returns is ever read as one.
 """
 
 from __future__ import annotations
@@ -37,8 +39,15 @@ class ApprovalRequest:
         return f"Allow {self.tool.name}? ({what.get(self.tool.effect, 'reads')})"
 
 
-#: Given a request, the user's answer: one of ANSWERS.
-Asker = Callable[[ApprovalRequest], str]
+#: Given a request, the user's answer: one of ANSWERS, or ("edit", corrected arguments).
+Asker = Callable[[ApprovalRequest], "str | tuple[str, dict[str, Any]]"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    approved: bool
+    how: str  # read-only | always | approved | edited | denied | no one to ask
+    arguments: dict[str, Any] | None = None  # the user's corrected arguments (how == "edited")
 
 
 def request_for(tool: ToolSpec, arguments: Mapping[str, Any], workdir: Path | None) -> ApprovalRequest:
@@ -74,19 +83,20 @@ class Approvals:
     ask: Asker | None = None
     always: set[tuple[str, str]] = field(default_factory=set)
 
-    def decide(self, request: ApprovalRequest) -> tuple[bool, str]:
-        """(approved, how): how is `read-only`, `always`, `approved`, `denied` or `no one to ask`."""
+    def decide(self, request: ApprovalRequest) -> Decision:
         if not request.tool.needs_approval:
-            return True, "read-only"
+            return Decision(True, "read-only")
         if (request.tool.name, request.folder) in self.always:
-            return True, "always"
+            return Decision(True, "always")
         if self.ask is None:
-            return False, "no one to ask"
+            return Decision(False, "no one to ask")
         answer = self.ask(request)
+        if isinstance(answer, tuple) and len(answer) == 2 and answer[0] == "edit" and isinstance(answer[1], dict):
+            return Decision(True, "edited", dict(answer[1]))
         if answer == "always":
             self.always.add((request.tool.name, request.folder))
-            return True, "approved"
-        return (True, "approved") if answer == "approve" else (False, "denied")
+            return Decision(True, "approved")
+        return Decision(True, "approved") if answer == "approve" else Decision(False, "denied")
 
 
 def fixed(answer: str) -> Asker:

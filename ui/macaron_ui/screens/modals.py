@@ -3,6 +3,8 @@ learning."""
 
 from __future__ import annotations
 
+import json
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -111,7 +113,7 @@ HELP = """\
 | **r** (on a reply) or **Ctrl+R** | regenerate the reply (the old one is kept) |
 | **[ / ]** (on a message) | previous / next branch |
 | **t** (on a message) | unfold its thinking, tool call or tool result |
-| **y / n / a** (tool approval) | approve the call, deny it, approve this tool in this folder from now on |
+| **y / n / a / e** (tool approval) | approve the call, deny it, approve this tool in this folder from now on, edit its arguments first |
 | **c** or **Ctrl+Y** | copy the reply |
 | **b** | copy the reply's first code block |
 | **Ctrl+N** | new chat |
@@ -126,14 +128,16 @@ into a personal adapter for the expert that answered.
 """
 
 
-class ToolApprovalScreen(ModalScreen[str]):
+class ToolApprovalScreen(ModalScreen["str | tuple[str, dict]"]):
     """The exact call the assistant wants to make (a diff for a file write), and the user's
-    answer: approve (y), deny (n or Esc), always for this tool in this folder (a)."""
+    answer: approve (y), deny (n or Esc), always for this tool in this folder (a), or edit the
+    arguments first (e: the corrected call runs, and is learned as a correction)."""
 
     BINDINGS = [
         Binding("y", "answer('approve')", "Approve"),
         Binding("n,escape", "answer('deny')", "Deny"),
         Binding("a", "answer('always')", "Always here"),
+        Binding("e", "edit", "Edit"),
     ]
 
     def __init__(self, request: ApprovalRequest) -> None:
@@ -149,15 +153,36 @@ class ToolApprovalScreen(ModalScreen[str]):
                 yield Button("Approve (y)", id="approve", variant="success")
                 yield Button("Deny (n)", id="deny", variant="error")
                 yield Button("Always here (a)", id="always")
+                yield Button("Edit (e)", id="edit")
 
     def on_mount(self) -> None:
         self.query_one("#deny", Button).focus()  # Enter on the default does nothing harmful
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "edit":
+            self.action_edit()
+            return
         self.dismiss(event.button.id or "deny")
 
     def action_answer(self, answer: str) -> None:
         self.dismiss(answer)
+
+    def action_edit(self) -> None:
+        def edited(text: str | None) -> None:
+            if text is None:
+                return
+            try:
+                arguments = json.loads(text)
+            except ValueError as exc:
+                self.notify(f"not JSON: {exc}", severity="error")
+                return
+            if not isinstance(arguments, dict):
+                self.notify("the arguments must be a JSON object", severity="error")
+                return
+            self.dismiss(("edit", arguments))
+
+        current = json.dumps(dict(self.request.arguments), indent=2, ensure_ascii=False)
+        self.app.push_screen(EditorScreen("Edit the call's arguments (JSON), then Ctrl+S", current), edited)
 
 
 class HelpScreen(ModalScreen[None]):
