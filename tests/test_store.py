@@ -432,7 +432,9 @@ def test_forget_deletes_everything_and_taints_the_runs_that_learned_from_it(stor
 # ----------------------------------------------------------------- export / import
 def build_rich_store(store: Store) -> None:
     cid, question, answer, _ = chat(store, 'Héllo — 日本語 \u2028 and "quotes"\n\ttabs', "réponse 🙂")
-    store.add_reply(cid, question, "second try", {**TURN, "ttft_ms": None, "adapters": []})
+    second, _ = store.add_reply(cid, question, "second try", {**TURN, "ttft_ms": None, "adapters": []})
+    trajectory = {"name": "write_file", "arguments": {"path": "é.txt"}, "approval": "denied", "status": "denied"}
+    store.set_turn_tool_calls(second, [trajectory | {"ms": 0.5, "result_message_id": ""}])  # an agent's step
     store.add_feedback(answer, "rating", 1, "good")
     store.add_feedback(answer, "correction", text="corrected\nreply")
     edited = store.add_message(cid, "user", "edited question", None)
@@ -463,6 +465,8 @@ def test_export_import_export_is_byte_identical(store: Store, tmp_path: Path) ->
         assert copy.integrity_check() == "ok"
         (hit,) = copy.search("日本語")
         assert hit.role == "user"
+        [with_calls] = [t for t in copy.get_conversation(hit.conversation_id).turns if t.tool_calls]
+        assert with_calls.tool_calls[0]["arguments"] == {"path": "é.txt"}  # the trajectory came through
 
 
 def test_export_of_named_conversations_and_unknown_ids(store: Store) -> None:
