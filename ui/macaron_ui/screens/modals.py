@@ -113,7 +113,7 @@ HELP = """\
 | **r** (on a reply) or **Ctrl+R** | regenerate the reply (the old one is kept) |
 | **[ / ]** (on a message) | previous / next branch |
 | **t** (on a message) | unfold its thinking, tool call or tool result |
-| **y / n / a / e** (tool approval) | approve the call, deny it, approve this tool in this folder from now on, edit its arguments first |
+| **y / n / a / e** (tool approval) | approve, deny, approve this tool here from now on, edit the call first |
 | **c** or **Ctrl+Y** | copy the reply |
 | **b** | copy the reply's first code block |
 | **Ctrl+N** | new chat |
