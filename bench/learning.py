@@ -228,16 +228,23 @@ def main(argv: list[str] | None = None) -> int:
     def bare(slot: str) -> list:
         return [h for h in (experts_only(slot),) if h is not None]
 
-    if args.ratings_only:  # the same signal, pasted: the replies the user liked and disliked
-        memory = "\n\n".join(
+    if args.ratings_only:  # the same signal, pasted: the replies the user liked, then disliked
+        ordered = sorted(episodes, key=lambda e: e.chosen is None)
+        items = [
             f"When asked: {e.messages[-1]['content']}\n"
             + (f"I liked: {e.chosen}" if e.chosen else f"I disliked: {e.rejected}")
-            for e in episodes
-        )
+            for e in ordered
+        ]
     else:
-        memory = "\n\n".join(f"When asked: {t['prompt']}\nI wanted: {t['correction']}" for t in scenario["train"])
+        items = [f"When asked: {t['prompt']}\nI wanted: {t['correction']}" for t in scenario["train"]]
     told = "rated" if args.ratings_only else "corrected"
-    memory_prompt = f"{system}\n\nThe user {told} earlier replies like this; answer in the same way.\n\n{memory}"
+    head = f"{system}\n\nThe user {told} earlier replies like this; answer in the same way.\n\n"
+    # As much as fits the context next to a held-out prompt and its reply (36 rated replies do not).
+    budget = session.engine.config.n_ctx - GREEDY.max_tokens - 256
+    kept = 0
+    while kept < len(items) and len(session.engine.tokenize(head + "\n\n".join(items[: kept + 1]))) <= budget:
+        kept += 1
+    memory_prompt = head + "\n\n".join(items[:kept])
     memory_after, memory_ttft = heldout_share(session, bare, memory_prompt, scenario["heldout"], check)
     _, plain_ttft = heldout_share(session, bare, system, scenario["heldout"][:3], check)
 
@@ -245,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenario": scenario.get("name", args.scenario.stem),
         "model": session.manifest.name,
         "feedback": "ratings" if args.ratings_only else "corrections",
+        "prompt_memory_items": f"{kept} of {len(items)} (what fits the context)",
         "train_examples": len(scenario["train"]),
         "heldout_prompts": len(scenario["heldout"]),
         "routed_to": routed,
