@@ -149,7 +149,9 @@ def _withdraw_versions(
     for version_id in versions:
         db.execute("UPDATE adapter_versions SET status = 'retired' WHERE id = ? AND status != 'rejected'", [version_id])
         db.execute(
-            "INSERT OR REPLACE INTO forgotten_versions (version_id, reason, forgotten_at) VALUES (?, ?, ?)",
+            # The first forget that withdrew a version is its reason; a later one it also learned
+            # from does not rewrite it.
+            "INSERT OR IGNORE INTO forgotten_versions (version_id, reason, forgotten_at) VALUES (?, ?, ?)",
             [version_id, f"{reason}: stopped serving and its adapter file deleted", now],
         )
     hashes = sorted({row[2] for row in found})
