@@ -83,10 +83,12 @@ def test_reply_equals_a_fresh_engine_under_the_same_adapters(expert_home):
         reply = session.send("write python code", params=SHORT).wait()
         intro = session.protocol.profile.intro
         handoff = session.protocol.profile.handoff_text(first.summary)
-        messages = [  # L2's own view: L0's task as its summary, then the request
+        # L2's own view: L0's task as its summary (verbatim when no longer), then the request.
+        shown = first.content if len(first.content) <= len(handoff) else handoff
+        messages = [
             {"role": "system", "content": f"{session.system_prompt}\n\n{intro}"},
             {"role": "user", "content": "hello there"},
-            {"role": "assistant", "content": handoff},
+            {"role": "assistant", "content": shown},
             {"role": "user", "content": "write python code"},
         ]
     assert reply.route.slot == "L2" and first.summary
