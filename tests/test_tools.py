@@ -233,3 +233,18 @@ def test_an_edited_call_runs_with_the_users_arguments_and_is_checked_again(folde
     agent.approvals.ask = lambda request: ("edit", {"path": "../outside/x.txt", "content": "x"})
     sneaky = run(agent, "write_file", path="ok.txt", content="x")
     assert (sneaky.approval, sneaky.status) == ("edited", "refused") and not (outside / "x.txt").exists()
+
+
+def test_ask_shows_a_step_whose_result_is_empty(folders, capsys):
+    """A tool may return nothing (an empty file): the one-line report must not fail on it."""
+    import argparse
+
+    from macaron_local.cli import ask
+
+    read, write, _ = folders
+    (read / "empty.txt").write_text("")
+    step = run(agent_for(read, write), "read_file", path="empty.txt")
+    assert (step.status, step.result) == ("ok", "")
+    show = ask.step_reporter(argparse.Namespace(json=False))
+    show(step)
+    assert capsys.readouterr().err == "tool read_file: read-only, ok: \n"

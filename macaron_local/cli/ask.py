@@ -133,15 +133,21 @@ def asker_for(args: argparse.Namespace):
     return terminal_asker if sys.stdin is not None and sys.stdin.isatty() and sys.stderr.isatty() else None
 
 
-def run_agent(session: Session, toolbox: Toolbox, prompt: str, args: argparse.Namespace, params) -> int:
-    """Answer with the tools offered: each call is shown on stderr as it ends, the final answer
-    on stdout (or everything as JSON, the trajectory under `tool_calls`)."""
+def step_reporter(args: argparse.Namespace):
+    """One stderr line per finished call (none with --json: the JSON holds the trajectory)."""
 
     def show(step: ToolStep) -> None:
         if not args.json:
-            sys.stderr.write(f"tool {step.name}: {step.approval}, {step.status}: {step.result.splitlines()[0][:200]}\n")
+            first = (step.result.splitlines() or [""])[0]
+            sys.stderr.write(f"tool {step.name}: {step.approval}, {step.status}: {first[:200]}\n")
 
-    agent = Agent(session, toolbox.tools, Approvals(asker_for(args)), toolbox.config, on_step=show)
+    return show
+
+
+def run_agent(session: Session, toolbox: Toolbox, prompt: str, args: argparse.Namespace, params) -> int:
+    """Answer with the tools offered: each call is shown on stderr as it ends, the final answer
+    on stdout (or everything as JSON, the trajectory under `tool_calls`)."""
+    agent = Agent(session, toolbox.tools, Approvals(asker_for(args)), toolbox.config, on_step=step_reporter(args))
     choice = args.tool_choice or toolbox.config.tool_choice
     turn = agent.run(prompt, expert=args.expert, params=params, tool_choice=choice)
     reply = turn.reply
