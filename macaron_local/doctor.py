@@ -129,11 +129,10 @@ def _tools_check(settings: Settings) -> Check:
         config = tools_config(settings.values.get("tools"))
     except MacaronError as exc:
         return Check("tools", False, str(exc))
-    enabled = (settings.values.get("tools") or {}).get("enabled") is True
     writable = ", ".join(str(f) for f in config.write_folders) or "none"
     network = "commands can reach the network" if command_has_network() else "commands run without network"
     servers = f"; MCP: {', '.join(s.name for s in config.mcp)}" if config.mcp else ""
-    state = "offered" if enabled else "off (settings [tools] enabled = true)"
+    state = "offered" if config.enabled else "off (settings [tools] enabled = true)"
     return Check("tools", True, f"{state}; writable: {writable}; {network}{servers}")
 
 

@@ -36,6 +36,7 @@ class McpServer:
 
 @dataclass(frozen=True)
 class ToolsConfig:
+    enabled: bool = False  # offered in the chat and `ask` without asking for them
     read_folders: tuple[Path, ...] = ()
     write_folders: tuple[Path, ...] = ()
     timeout_s: float = 20.0
@@ -89,6 +90,7 @@ def tools_config(table: Mapping[str, Any] | None, cwd: Path | None = None) -> To
         raise InvalidInputError('settings [tools] tool_choice must be "auto", "required", "none" or a tool\'s name')
     here = (Path(cwd or Path.cwd()).resolve(),)
     return ToolsConfig(
+        enabled=table.get("enabled", False),
         read_folders=here + _folders(table.get("read_folders", []), "read_folders"),
         write_folders=_folders(table.get("write_folders", []), "write_folders"),
         timeout_s=float(_number(table, "timeout_s", 20.0, 0.1, 3600)),

@@ -16,9 +16,7 @@ class Toolbox:
     """`with Toolbox(settings) as box:` box.tools, box.config."""
 
     def __init__(self, settings: Settings, cwd: Path | None = None) -> None:
-        table = settings.values.get("tools")
-        self.config: ToolsConfig = tools_config(table, cwd=cwd)
-        self.enabled = bool((table or {}).get("enabled", False))
+        self.config: ToolsConfig = tools_config(settings.values.get("tools"), cwd=cwd)
         self._servers: McpServers | None = None
         self._tools: list[ToolSpec] | None = None
 
@@ -33,6 +31,10 @@ class Toolbox:
                 tools += self._servers.tools
             self._tools = tools
         return self._tools
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
 
     def close(self) -> None:
         if self._servers is not None:
