@@ -105,12 +105,10 @@ class Agent:
         reply = session.send(text, expert=expert, params=params, tools=self.tools, tool_choice=tool_choice, role=role)
         reply.wait()
         steps: list[ToolStep] = []
-        for step_number in range(self.config.max_steps + 1):
+        for step_number in range(self.config.max_steps):
             calls = self.calls_in(reply)
             if not calls:
                 return AgentTurn(reply, steps)
-            if step_number == self.config.max_steps:
-                return AgentTurn(reply, steps, stopped_at_limit=True)
             done = [self.execute(call, reply.message_id) for call in calls]
             for index, step in enumerate(done[:-1]):
                 session.add_history([{"role": "tool", "content": step.result}])
@@ -124,7 +122,7 @@ class Agent:
             if signal is not None:
                 session.rate(done[0].call_message_id, *signal)
             steps += done
-        return AgentTurn(reply, steps, stopped_at_limit=True)
+        return AgentTurn(reply, steps, stopped_at_limit=bool(self.calls_in(reply)))
 
     def calls_in(self, reply) -> list[ToolCall]:
         protocol = self.session.protocol
