@@ -472,8 +472,8 @@ class Engine:
                 ):
                     if not result.tokens:
                         result.ttft_ms = (time.perf_counter() - started) * 1000
-                        if self._whole_state_only:  # the state now holds exactly the prompt
-                            self._checkpoint = self._snapshot()
+                        if self._whole_state_only and self._remember:  # the state holds exactly the prompt
+                            self._checkpoint = self._snapshot()  # (a one-off view's is never reused)
                     if cancel is not None and cancel.is_set():
                         result.finish_reason = "cancelled"
                         break
