@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 from macaron_local.engine.template import Message
 from macaron_local.errors import InvalidInputError
@@ -97,8 +98,6 @@ def offer_tools(
     """(messages, template variables, params) for a reply that may call `tools`: the tools in
     the prompt, and with `grammar` (the model's `[protocol] tool_grammar`) the reply held to
     text or one well-formed call (only a call when `tool_choice` requires one)."""
-    from dataclasses import replace
-
     offered = chosen_tools(tools, tool_choice) if tools else []
     messages, variables = with_tools(messages, offered, template_source)
     if offered and grammar:
