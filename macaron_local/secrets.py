@@ -54,3 +54,23 @@ def new_api_token() -> str:
 def delete_api_token() -> None:
     with contextlib.suppress(PasswordDeleteError):
         keyring.delete_password(SERVICE, API_TOKEN_KEY)
+
+
+ENGINE_TOKEN_KEY = "engine-token"
+
+
+def get_engine_token() -> str | None:
+    """The bearer token a remote engine (llama-server --api-key, vLLM --api-key) wants."""
+    try:
+        return keyring.get_password(SERVICE, ENGINE_TOKEN_KEY)
+    except KeyringError:
+        return None
+
+
+def set_engine_token(token: str) -> None:
+    keyring.set_password(SERVICE, ENGINE_TOKEN_KEY, token)
+
+
+def delete_engine_token() -> None:
+    with contextlib.suppress(PasswordDeleteError):
+        keyring.delete_password(SERVICE, ENGINE_TOKEN_KEY)

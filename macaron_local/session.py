@@ -22,6 +22,7 @@ from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.daemon.locks import AppOpenMarker, GeneratingMarker
 from macaron_local.daemon.watch import StoreWatcher
 from macaron_local.engine import AdapterHandle, Completion, Engine, EngineConfig, Generation, GenerationParams
+from macaron_local.engine.select import engine_settings, open_engine
 from macaron_local.engine.template import Message
 from macaron_local.errors import AdapterError, InvalidInputError, MacaronError, ModelError
 from macaron_local.fit import adapter_ram_budget
@@ -165,7 +166,9 @@ class Session:
 
     def load(self) -> None:
         path = self.model_path
-        if not path.is_file():
+        remote = engine_settings(self.settings)
+        served_elsewhere = remote.remote and remote.url is not None  # the base lives on the server
+        if not path.is_file() and not served_elsewhere:
             hint = (
                 f"run `macaron models pull {self.manifest.name}`"
                 if self.manifest.base.kind == "huggingface"
@@ -179,15 +182,15 @@ class Session:
             "max_adapter_bytes": adapter_ram_budget(path),  # experts beyond RAM load on demand
             **self._engine_overrides,
         }
-        engine = Engine(EngineConfig(model_path=path, **options))
+        engine = open_engine(EngineConfig(model_path=path, **options), remote)
         try:
             for slot in SLOTS:
                 adapter_path = self.catalog.expert_path(self.manifest, slot)
                 if adapter_path is not None:
-                    if not adapter_path.is_file():
+                    if not adapter_path.is_file() and not served_elsewhere:
                         pull = f"macaron models pull {self.manifest.name}"
                         raise ModelError(f"expert {slot} adapter {adapter_path} is missing; run `{pull}`")
-                    self._experts[slot] = engine.load_adapter(adapter_path)
+                    self._experts[slot] = engine.load_adapter(adapter_path, name=slot)
                     self._labels[self._experts[slot].key] = adapter_path.name
             for slot in SERVED_SLOTS:  # the user's own deployed versions, stacked on the experts
                 version = self.store.deployed_adapter(slot, self.manifest.name)

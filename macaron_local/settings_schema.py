@@ -5,8 +5,8 @@ Without it a wrong value (`n_ctx = "big"`, `temperature = -3`, `kv_switch = "fas
 it is read, with one line naming the key, what it must be and what it holds.
 
 Keys added to `settings.DEFAULTS` without an entry here are checked against their default's
-type. `[daemon]`, `[learn]` and `[tools]` must be tables; their own keys are checked by
-daemon/config.py and tools/config.py.
+type. `[daemon]`, `[learn]`, `[tools]` and `[engine]` must be tables; their own keys are checked by
+daemon/config.py, tools/config.py and engine/remote/config.py.
 Unknown top-level keys are kept (a newer version may have written them) and listed by `doctor`.
 """
 
@@ -53,7 +53,7 @@ FIELDS: dict[str, Field] = {
     "routing": Field(str, choices=("model", "keywords")),
     "learning_setup": Field(str, choices=("accepted", "declined")),  # the first-run answer
 }
-TABLES = ("daemon", "learn", "tools")
+TABLES = ("daemon", "learn", "tools", "engine")
 
 
 def field_for(key: str, defaults: dict[str, Any]) -> Field | None:

@@ -230,8 +230,9 @@ class Engine:
         return self.render_tokens(kept, **variables), dropped
 
     # ----------------------------------------------------------------- adapters
-    def load_adapter(self, path: str | os.PathLike[str]) -> AdapterHandle:
-        """Validate and load an adapter once; loading the same content again returns the handle."""
+    def load_adapter(self, path: str | os.PathLike[str], *, name: str | None = None) -> AdapterHandle:
+        """Validate and load an adapter once; loading the same content again returns the handle.
+        `name` (an expert's slot) matters only to engines that serve adapters by name."""
         path = Path(path).resolve()
         with self._lock:
             report = validate_adapter(path, self.base_info)
@@ -541,6 +542,12 @@ class Engine:
             raise MacaronError("next_logits needs at least one token")
         with self._lock:
             return self._decode_for_logits(list(tokens), len(tokens) - 1)[-1]
+
+    def best_next(self, tokens: Sequence[int], allowed: Sequence[int]) -> int:
+        """The most likely token after `tokens` among `allowed` (what a remote engine does with
+        a choice grammar; here, read from the logits)."""
+        logits = self.next_logits(tokens)
+        return max(allowed, key=lambda t: float(logits[t]))
 
     def token_logprobs(self, prompt_tokens: Sequence[int], completion_tokens: Sequence[int]) -> np.ndarray:
         """log p(completion[i] | prompt + completion[:i]) for each completion token (float64).

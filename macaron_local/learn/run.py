@@ -29,6 +29,7 @@ import numpy as np
 from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Engine, EngineConfig, GenerationParams
+from macaron_local.engine.select import engine_settings, open_engine
 from macaron_local.learn import gate
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
@@ -123,7 +124,7 @@ class Experts:
         """`engine` None: the trainer's side alone (the sequential plan's closed engine)."""
         self.paths = {slot: catalog.expert_path(manifest, slot) for slot in SLOTS}
         loaded = self.paths.items() if engine is not None else ()
-        self.handles = {slot: engine.load_adapter(p) for slot, p in loaded if p is not None}
+        self.handles = {slot: engine.load_adapter(p, name=slot) for slot, p in loaded if p is not None}
         self.base = base
         self.sources = {str(p): expert_trainer_source(catalog, manifest, s) for s, p in self.paths.items() if p}
         self._deltas: dict[str, dict[str, np.ndarray]] = {}
@@ -205,7 +206,10 @@ def learn_personal(
         )
     with (
         run_workdir(store.db_path.parent / "learn-work") as workdir,
-        Engine(EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads)) as engine,
+        open_engine(
+            EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads),
+            engine_settings(catalog.settings),
+        ) as engine,
     ):
         experts = Experts(engine, catalog, manifest, base)
         backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, experts)
@@ -432,7 +436,7 @@ def _learn_sequential(
     phases: list[str] = []
     engine_config = EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset")
     with run_workdir(store.db_path.parent / "learn-work") as workdir:
-        with Engine(engine_config) as engine:
+        with open_engine(engine_config, engine_settings(catalog.settings)) as engine:
             experts = Experts(engine, catalog, manifest, base)
             night, rollout_s = sample_night(
                 engine,
@@ -493,7 +497,7 @@ def _learn_sequential(
         _free_accelerator_cache()
         phases.append(f"trainer freed before the engine reopened: {trainer() is None}")
 
-        with Engine(engine_config) as engine:
+        with open_engine(engine_config, engine_settings(catalog.settings)) as engine:
             experts = Experts(engine, catalog, manifest, base)
             experts.underneath("")
 

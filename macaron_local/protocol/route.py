@@ -56,8 +56,8 @@ def constrained_greedy(
 ) -> list[int]:
     """Greedy decoding where only a continuation of one of `options` (token sequences) may be
     chosen: at each step the most likely allowed token, until an option is complete. This is
-    the published hop's `choice` constraint, done on llama.cpp's logits (a grammar sampler
-    aborts the process when a vocabulary cannot spell the grammar)."""
+    the published hop's `choice` constraint, done on the engine's logits (in process, a text
+    grammar sampler aborts when a vocabulary cannot spell it; a remote engine takes token ids)."""
     chosen: list[int] = []
     while len(chosen) < max_tokens:
         candidates = [o for o in options if list(o[: len(chosen)]) == chosen and len(o) > len(chosen)]
@@ -67,8 +67,7 @@ def constrained_greedy(
         if len(allowed) == 1:
             chosen.append(allowed[0])  # forced: no need to evaluate
         else:
-            logits = engine.next_logits([*prompt, *chosen])
-            chosen.append(max(allowed, key=lambda t: float(logits[t])))
+            chosen.append(engine.best_next([*prompt, *chosen], allowed))
         if any(list(o) == chosen for o in options):
             break
     return chosen

@@ -1,0 +1,1 @@
+"""Remote engines: the in-process engine's interface over llama-server or vLLM."""
