@@ -43,6 +43,7 @@ def run_checks(settings: Settings, model: str | None = None, load: bool = False)
     checks.extend(_path_checks(settings))
     checks.append(_settings_check(settings))
     checks.append(_tools_check(settings))
+    checks.append(_engine_check(settings))
 
     catalog = Catalog(settings)
     try:
@@ -134,6 +135,17 @@ def _tools_check(settings: Settings) -> Check:
     servers = f"; MCP: {', '.join(s.name for s in config.mcp)}" if config.mcp else ""
     state = "offered" if config.enabled else "off (settings [tools] enabled = true)"
     return Check("tools", True, f"{state}; writable: {writable}; {network}{servers}")
+
+
+def _engine_check(settings: Settings) -> Check:
+    """Which engine runs the model; a configured server is not contacted (doctor stays offline)."""
+    from macaron_local.engine.remote.config import engine_config
+
+    try:
+        config = engine_config(settings.values.get("engine"))
+    except MacaronError as exc:
+        return Check("engine", False, str(exc))
+    return Check("engine", True, config.describe())
 
 
 def _settings_check(settings: Settings) -> Check:

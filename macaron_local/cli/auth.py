@@ -37,6 +37,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     api.add_argument("--delete", action="store_true", help="remove it: non-loopback serving stops working")
     api.set_defaults(func=run_api_token)
+    engine = actions.add_parser(
+        "engine-token", help="store the bearer token a remote engine wants (prompted, or read from stdin)"
+    )
+    engine.add_argument("--delete", action="store_true", help="remove it")
+    engine.set_defaults(func=run_engine_token)
 
 
 def _backend() -> str:
@@ -50,14 +55,15 @@ def _unavailable(exc: KeyringError) -> KeyringUnavailableError:
     )
 
 
-def read_token() -> str:
+def read_token(what: str = "Hugging Face token") -> str:
     if sys.stdin is not None and sys.stdin.isatty():
-        token = getpass.getpass("Hugging Face token (input hidden): ")
+        token = getpass.getpass(f"{what} (input hidden): ")
     else:
         token = sys.stdin.readline() if sys.stdin is not None else ""
     token = token.strip()
     if not token:
-        raise InvalidInputError("no token given; create one at https://huggingface.co/settings/tokens")
+        hint = "; create one at https://huggingface.co/settings/tokens" if what.startswith("Hugging") else ""
+        raise InvalidInputError(f"no token given{hint}")
     if any(ch.isspace() or not ch.isprintable() for ch in token):
         raise InvalidInputError("that does not look like a token: it contains spaces or control characters")
     return token
@@ -112,4 +118,18 @@ def run_api_token(args: argparse.Namespace) -> int:
     print(token)
     where = f"stored in the OS keyring ({_backend()})"
     print(f"{where}; clients send it as `Authorization: Bearer <token>`", file=sys.stderr)
+    return 0
+
+
+def run_engine_token(args: argparse.Namespace) -> int:
+    """The remote engine's key (llama-server or vLLM started with --api-key), keyring only."""
+    try:
+        if args.delete:
+            secrets.delete_engine_token()
+            print("engine token removed from the OS keyring")
+            return 0
+        secrets.set_engine_token(read_token("remote engine token"))
+    except KeyringError as exc:
+        raise _unavailable(exc) from None
+    print(f"engine token stored in the OS keyring ({_backend()}); requests to [engine] url send it")
     return 0
