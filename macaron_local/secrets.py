@@ -74,3 +74,20 @@ def set_engine_token(token: str) -> None:
 def delete_engine_token() -> None:
     with contextlib.suppress(PasswordDeleteError):
         keyring.delete_password(SERVICE, ENGINE_TOKEN_KEY)
+
+
+TINKER_KEY = "tinker-api-key"
+
+
+def get_tinker_key() -> str | None:
+    """The Tinker (or MinT) API key for the remote trainer; TINKER_API_KEY takes precedence."""
+    if key := os.environ.get("TINKER_API_KEY"):
+        return key
+    try:
+        return keyring.get_password(SERVICE, TINKER_KEY)
+    except KeyringError:
+        return None
+
+
+def set_tinker_key(key: str) -> None:
+    keyring.set_password(SERVICE, TINKER_KEY, key)

@@ -42,6 +42,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     engine.add_argument("--delete", action="store_true", help="remove it")
     engine.set_defaults(func=run_engine_token)
+    trainer = actions.add_parser("tinker-key", help="store the Tinker/MinT API key for remote training")
+    trainer.set_defaults(func=run_tinker_key)
 
 
 def _backend() -> str:
@@ -132,4 +134,13 @@ def run_engine_token(args: argparse.Namespace) -> int:
     except KeyringError as exc:
         raise _unavailable(exc) from None
     print(f"engine token stored in the OS keyring ({_backend()}); requests to [engine] url send it")
+    return 0
+
+
+def run_tinker_key(args: argparse.Namespace) -> int:
+    try:
+        secrets.set_tinker_key(read_token("Tinker API key"))
+    except KeyringError as exc:
+        raise _unavailable(exc) from None
+    print(f"Tinker key stored in the OS keyring ({_backend()}); remote training stays off until you turn it on")
     return 0
