@@ -171,9 +171,6 @@ class RemoteEngine(ABC):
             self._active, self._view = new_key, view
             return changed
 
-    def active_scales(self) -> list[tuple[AdapterHandle, float]]:
-        return [(self._adapters[key], scale) for key, scale in self._active]
-
     # ----------------------------------------------------------------- generation
     def stream(
         self,

@@ -168,7 +168,7 @@ class VllmEngine(RemoteEngine):
 
     def _model(self) -> str:
         """The model name of the active set: the base, one adapter, or a stacked adapter."""
-        pairs = self.active_scales()
+        pairs = self.active_handles()
         if not pairs:
             return self.base_model
         if len(pairs) == 1 and pairs[0][1] == 1.0:
