@@ -5,6 +5,7 @@ The Tinker/MinT service itself is not reachable from here; no call to it is imit
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import http.server
 import threading
@@ -108,3 +109,37 @@ def test_a_bad_download_leaves_nothing_behind(served_folder, tmp_path):
     assert not any(p.name.startswith(("a", "b", "c")) for p in tmp_path.iterdir() if p.is_dir())
     with pytest.raises(RemoteTrainerError, match="not a PEFT adapter folder"):
         peft_to_candidate(tmp_path, BaseModelInfo.from_gguf(served_folder[0].path), tmp_path / "x.gguf")
+
+
+# ----------------------------------------------------------------- wired into a night
+def test_a_remote_night_says_what_leaves_and_fails_fast_in_one_line(home, tiny_model):
+    """`[learn] trainer = "tinker"`: the consent line comes first; without the service's base,
+    SDK or key the run stops in one line before any rollout, and no feedback is consumed."""
+    from test_learn_run import seed
+
+    from macaron_local.catalog import Catalog
+    from macaron_local.daemon.config import learn_config
+    from macaron_local.learn.run import learn_once
+    from macaron_local.store import open_default_store
+
+    model = tiny_model("llama", False, n_ctx_train=2048)
+    catalog = Catalog(home)
+    manifest = catalog.add_local("tiny", model.path)
+    home.save(learn={"trainer": "tinker", "steps": 2})
+    config = learn_config(home)
+    assert config.trainer == "tinker"
+    with open_default_store(home) as store:
+        seed(store, 8)
+        with pytest.raises(InvalidInputError, match="remote_base_model"):
+            learn_once(store, catalog, manifest, config)
+        notes: list[str] = []
+        remote = dataclasses.replace(config, remote_base_model="Qwen/Qwen3.6-35B-A3B")
+        with pytest.raises(MacaronError) as caught:
+            learn_once(store, catalog, manifest, remote, on_notice=notes.append)
+        assert "\n" not in str(caught.value)
+        assert "macaron auth tinker-key" in str(caught.value) or "pip install tinker" in str(caught.value)
+        assert notes and "are sent to tinker" in notes[0]
+        assert store.learning_runs() == [] and store.adapter_versions() == []  # nothing consumed or registered
+    home.save(learn={"trainer": "openai"})
+    with pytest.raises(InvalidInputError, match='trainer must be "local", "tinker" or "mint"'):
+        learn_config(home)

@@ -115,7 +115,9 @@ def run_learning(args: argparse.Namespace) -> int:
 
     with open_default_store(settings) as store:
         try:
-            reports = learn_once(store, catalog, manifest, config, slots, on_step=progress)
+            reports = learn_once(
+                store, catalog, manifest, config, slots, on_step=progress, on_notice=lambda line: print(f"note: {line}")
+            )
         finally:
             bar.finish()
     if not reports:

@@ -140,6 +140,8 @@ def learn_config(settings: Settings) -> LearnConfig:
         kind = type(getattr(LearnConfig(), key))
         values[key] = _typed("learn", key, value, kind)
     config = LearnConfig(**values)
+    if config.trainer not in ("local", "tinker", "mint"):
+        raise InvalidInputError(f'[learn] trainer must be "local", "tinker" or "mint" (got {config.trainer!r})')
     if config.steps < 1 or config.rank < 1 or config.lr <= 0:
         raise InvalidInputError("[learn] steps and rank must be >= 1 and lr > 0")
     return config

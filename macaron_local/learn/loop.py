@@ -61,6 +61,10 @@ class LearnConfig:
     warm_start: bool = True
     # When the gate rejects, the seconds the run may spend on cheaper alternatives (learn.backoff).
     backoff_s: float = 300.0
+    # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
+    # (off by default: the conversations trained on are sent there; learn/remote_run.py).
+    trainer: str = "local"
+    remote_base_model: str = ""  # the service's name of the base, e.g. "Qwen/Qwen3.6-35B-A3B"
 
 
 @dataclass

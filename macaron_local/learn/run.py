@@ -174,6 +174,7 @@ def learn_personal(
     should_stop: Callable[[], bool] = lambda: False,
     system_prompt: str | None = None,
     mode: str | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> SlotReport:
     """Plan, train, gate (backing off if need be) and deploy the user's personal adapter.
 
@@ -197,6 +198,13 @@ def learn_personal(
         def backend_factory(lr: float):
             return make_backend(config.backend, lr)
 
+    if config.trainer != "local":
+        from macaron_local.learn.remote_run import learn_personal_remote
+
+        return learn_personal_remote(
+            store, catalog, manifest, plan, config, started=started, system_prompt=system_prompt, serve=serve,
+            on_step=on_step, should_stop=should_stop, on_notice=on_notice,
+        )  # fmt: skip
     mode = mode or nightly_mode(catalog.settings)
     if mode not in ("together", "sequential"):
         raise ValueError(f"unknown memory mode {mode!r} (together or sequential)")
@@ -555,6 +563,7 @@ def learn_once(
     should_stop: Callable[[], bool] = lambda: False,
     system_prompt: str | None = None,
     mode: str | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> list[SlotReport]:
     """One night: the personal adapter, learned from the feedback of every expert's turns (or
     only of the expert `slots` given). Returns one report, or none when there is no feedback."""
@@ -562,4 +571,7 @@ def learn_once(
     episodes = [e for e in episodes_from_store(store) if slots is None or e.slot in slots]
     if not episodes or should_stop():
         return []
-    return [learn_personal(store, catalog, manifest, episodes, config, on_step, None, should_stop, system_prompt, mode)]
+    report = learn_personal(
+        store, catalog, manifest, episodes, config, on_step, None, should_stop, system_prompt, mode, on_notice
+    )
+    return [report]
