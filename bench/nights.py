@@ -13,7 +13,7 @@ Each night's decision also goes to stderr.
 Target: two nights with different scenarios keep night 1's share within 0.1 of its value
 after night 1; three scenarios taught on one night each reach >= 0.6.
 
-Usage: python bench/nights.py --json a.json,b.json c.json
+Usage: python bench/nights.py --json [--learn steps=72] a.json,b.json c.json
 """
 
 from __future__ import annotations
@@ -33,10 +33,25 @@ from macaron_local.session import Session
 from macaron_local.settings import Settings
 
 
+def _setting(item: str) -> tuple[str, object]:
+    """KEY=VALUE with VALUE read as TOML (72, 0.2, true, "text")."""
+    import tomllib
+
+    key, _, value = item.partition("=")
+    try:
+        return key.strip(), tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        raise SystemExit(f"error: --learn {item!r} is not KEY=VALUE with a TOML value") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("nights", nargs="+", metavar="NIGHT", help="comma-separated scenario files taught that day")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--learn", action="append", default=[], metavar="KEY=VALUE",
+        help="a [learn] setting for every night (e.g. steps=72), as a user would set it; recorded in the output",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     nights = [[load_scenario(Path(p)) | {"_path": p} for p in night.split(",") if p] for night in args.nights]
     if not all(nights):
@@ -48,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(tempfile.mkdtemp(prefix="macaron-nights-bench-"))
     settings = Settings.load(home)
     settings.ensure_dirs()
+    overrides = dict(_setting(item) for item in args.learn)
+    if overrides:
+        settings.save(learn=overrides)
     config = learn_config(settings)
 
     def share(session: Session, scenario: dict) -> float:
@@ -57,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return value
 
     session = Session(settings, engine_config={"n_ctx": 2048})
-    report: dict = {"before": {s.get("name", s["_path"]): share(session, s) for night in nights for s in night}}
+    before = {s.get("name", s["_path"]): share(session, s) for night in nights for s in night}
+    report: dict = {"learn": overrides, "before": before}
     report["nights"] = []
     seen: list[dict] = []
     for night in nights:
