@@ -19,7 +19,7 @@ def open_engine(config: EngineConfig, remote: RemoteEngineConfig | None = None) 
         return Engine(config)
     from macaron_local import secrets
 
-    token = secrets.get_engine_token()
+    token = secrets.get_engine_token() if remote.url else None  # a server started here needs none
     if remote.kind == "llama-server":
         from macaron_local.engine.remote.llama_server import LlamaServerEngine
 
