@@ -225,10 +225,19 @@ class ChatAPI:
         try:
             yield reply.sse(reply.chunk({"role": "assistant", "content": ""}))
             held = ""  # text that is, or may turn out to be, a tool call
+            backlog: list[tuple[str, Any]] = []
             while True:
-                kind, value = await events.get()
+                kind, value = backlog.pop() if backlog else await events.get()
                 if kind == "piece":
                     held += value
+                    # Pieces that arrived while the last chunk was written go out in one chunk:
+                    # on a busy machine the stream keeps up with llama.cpp instead of falling behind.
+                    while not events.empty():
+                        following = events.get_nowait()
+                        if following[0] != "piece":
+                            backlog.append(following)
+                            break
+                        held += following[1]
                     ready = streamable(held) if reply.tools else len(held)
                     if ready:
                         text, held = held[:ready], held[ready:]
