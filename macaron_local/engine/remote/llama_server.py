@@ -17,6 +17,7 @@ exactly the given tokens and reports each one's log-probability before sampling.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -94,6 +95,7 @@ class ManagedServer:
             self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
         log.close()
+        _RUNNING.add(self)
         self.restarts += 1
         client = JsonClient(self.url, timeout_s=5)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -128,7 +130,19 @@ class ManagedServer:
 
     def close(self) -> None:
         self.stop()
+        _RUNNING.discard(self)
         shutil.rmtree(self._log_dir, ignore_errors=True)
+
+
+#: Servers started here and not yet closed: stopped when this process exits, however it exits
+#: short of SIGKILL (a thread-bound PR_SET_PDEATHSIG would stop them when a worker ends).
+_RUNNING: set[ManagedServer] = set()
+
+
+@atexit.register
+def _stop_running() -> None:
+    for server in list(_RUNNING):
+        server.stop()
 
 
 def find_binary(configured: str | None) -> Path:
