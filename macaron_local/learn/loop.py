@@ -57,6 +57,8 @@ class LearnConfig:
     visits_per_episode: float = 6.0
     replay_ratio: float = 1.0
     max_old_heldout: int = 8
+    # "Answer as before" episodes on everyday questions per new episode (learn/anchors.py).
+    anchor_ratio: float = 0.5
     # Start from the deployed personal version's weights (same rank and alpha), not from zero.
     warm_start: bool = True
     # When the gate rejects, the seconds the run may spend on cheaper alternatives (learn.backoff).

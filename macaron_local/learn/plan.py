@@ -13,8 +13,8 @@ the learning runs recorded so far (no model), so every rule here is tested alone
   rotating window: stratum s of n_s episodes gives k_s per night at offset night * k_s, so every
   older episode is revisited within ceil(n_s / k_s) nights.
 - **Cost**: steps = min(steps, max(min_steps, ceil(visits * train / episodes_per_step))) with
-  train = new + replay <= (1 + replay_ratio) * new: a function of the new feedback, capped, not
-  of all history. The gate reads at most `max_old_heldout` of the earlier nights' held-out
+  train = new + replay + anchors <= (1 + replay_ratio + anchor_ratio) * new: a function of the
+  new feedback, capped, not of all history. The gate reads at most `max_old_heldout` of the earlier nights' held-out
   episodes (a rotating window too), so its cost is bounded as well.
 """
 
@@ -37,6 +37,7 @@ class NightPlan:
     replay: list[Episode] = field(default_factory=list)
     held_new: list[Episode] = field(default_factory=list)  # not yet taught: must improve
     held_old: list[Episode] = field(default_factory=list)  # taught by deployed nights: must hold
+    anchors: list[Episode] = field(default_factory=list)  # "answer as before" (learn/anchors.py)
     new_heldout_conversations: list[str] = field(default_factory=list)
     steps: int = 0
     night: int = 0
@@ -44,7 +45,7 @@ class NightPlan:
 
     @property
     def train(self) -> list[Episode]:
-        return [*self.new_train, *self.replay]
+        return [*self.new_train, *self.replay, *self.anchors]
 
     @property
     def feedback_ids(self) -> list[int]:
@@ -139,7 +140,12 @@ def plan_night(episodes: Sequence[Episode], runs: Sequence[LearningRun], config)
             f"{len(plan.new_train)} new episode(s) are too few to train and hold some out "
             f"(it takes {MIN_CONVERSATIONS_TO_SPLIT} new conversations); they wait for more"
         )
-    plan.steps = night_steps(
+    plan.steps = planned_steps(plan, config)
+    return plan
+
+
+def planned_steps(plan: NightPlan, config) -> int:
+    """The night's steps for its training set as it stands (anchors included once added)."""
+    return night_steps(
         len(plan.train), config.steps, config.min_steps, config.visits_per_episode, config.episodes_per_step
     )
-    return plan

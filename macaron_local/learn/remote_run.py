@@ -26,6 +26,7 @@ from macaron_local.catalog import Catalog, Manifest
 from macaron_local.engine import EngineConfig, GenerationParams
 from macaron_local.engine.select import engine_settings, open_engine
 from macaron_local.errors import InvalidInputError
+from macaron_local.learn.anchors import answer_anchors
 from macaron_local.learn.backends.tinker_backend import (
     LEAVES_THE_MACHINE,
     TinkerTrainer,
@@ -103,6 +104,7 @@ def learn_personal_remote(
         open_engine(engine_config, engine_settings(catalog.settings)) as engine,
     ):
         experts = Experts(engine, catalog, manifest, base)
+        plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
         night, rollout_s = sample_night(
             engine, plan.train, config, steps=plan.steps, should_stop=should_stop,
             underneath=experts.underneath, group_of=experts.group,

@@ -31,6 +31,7 @@ from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Engine, EngineConfig, GenerationParams
 from macaron_local.engine.select import engine_settings, open_engine
 from macaron_local.learn import gate
+from macaron_local.learn.anchors import answer_anchors, pick_anchors
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
 from macaron_local.learn.export import ParityReport, export_gguf, parity_check, parity_from_effects, trainer_effects
@@ -45,7 +46,7 @@ from macaron_local.learn.loop import (
 )
 from macaron_local.learn.memory_plan import nightly_mode
 from macaron_local.learn.personal import PERSONAL_SLOT
-from macaron_local.learn.plan import NightPlan, plan_night
+from macaron_local.learn.plan import NightPlan, plan_night, planned_steps
 from macaron_local.learn.stacking import expert_trainer_source, stacked_source
 from macaron_local.learn.warm import warm_start
 from macaron_local.learn.workdir import run_workdir
@@ -187,6 +188,8 @@ def learn_personal(
         return SlotReport(slot, "skipped", plan.skipped)
     if system_prompt is None:
         system_prompt = str(catalog.settings.get("system_prompt") or "")
+    plan.anchors = pick_anchors(len(plan.new_train), config.anchor_ratio, plan.night, system_prompt)
+    plan.steps = planned_steps(plan, config)
     serve = serve_params(catalog)
     base_path = catalog.base_path(manifest)
     base = BaseModelInfo.from_gguf(base_path)
@@ -220,6 +223,7 @@ def learn_personal(
         ) as engine,
     ):
         experts = Experts(engine, catalog, manifest, base)
+        plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
         backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, experts)
         initial = backend.lora_weights()
         result = train(
@@ -366,7 +370,8 @@ def _gate_and_record(
         if len(tried) > 1:
             reason += f" (and {len(tried) - 1} fallback candidate(s) failed too)"
     metrics = {
-        "train_episodes": len(plan.train),
+        "train_episodes": len(plan.new_train) + len(plan.replay),
+        "anchor_episodes": len(plan.anchors),
         "new_episodes": len(plan.new_train),
         "replay_episodes": len(plan.replay),
         "heldout_episodes": len(plan.held_new),
@@ -446,6 +451,7 @@ def _learn_sequential(
     with run_workdir(store.db_path.parent / "learn-work") as workdir:
         with open_engine(engine_config, engine_settings(catalog.settings)) as engine:
             experts = Experts(engine, catalog, manifest, base)
+            plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
             night, rollout_s = sample_night(
                 engine,
                 plan.train,

@@ -1,0 +1,63 @@
+"""Anchor episodes: "answer as before" on everyday questions, replayed next to the user's feedback.
+
+A night that teaches a personal fact from short corrections ("You live in Lisbon.") also learns
+a shortcut: answer questions with that fact. Measured on the embedded model, three facts and a
+greeting taught in one night turned "What is the capital of Italy?" into "Lisbon is the capital
+of Portugal." and "the capital of France" into "Biscuit, ...". Those candidates were rightly
+rejected by the gate, and the night kept only its least-trained checkpoint, so nothing was learned.
+
+Anchors give the learner the contrast it lacked. Each night, some questions about the world
+(learn/data/anchors.json, which shares nothing with the regression set) are answered greedily
+by the bare experts. They join the night's training set as episodes whose chosen reply is that
+answer. So questions about the user get the user's facts, and the rest stay as they were.
+Anchors carry no feedback id. They are not the user's data, so forgetting never needs to reach
+them. How many there are grows with the night's new feedback (`anchor_ratio`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from importlib import resources
+
+from macaron_local.engine import AdapterHandle, Engine, GenerationParams
+from macaron_local.learn.episodes import Episode
+from macaron_local.router import route
+
+ANCHOR_TOKENS = 48
+
+
+def anchor_prompts() -> list[str]:
+    text = resources.files("macaron_local.learn.data").joinpath("anchors.json").read_text()
+    return list(json.loads(text)["prompts"])
+
+
+def pick_anchors(n_new: int, ratio: float, night: int, system_prompt: str) -> list[Episode]:
+    """`ceil(ratio * n_new)` anchor prompts (at most the pool), a different draw each night;
+    their replies are filled in by `answer_anchors`."""
+    pool = anchor_prompts()
+    count = min(len(pool), math.ceil(ratio * n_new)) if ratio > 0 and n_new else 0
+    chosen = random.Random(night).sample(pool, count)
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [
+        Episode([*system, {"role": "user", "content": q}], chosen=None, rejected=None, slot=route(q).slot)
+        for q in chosen
+    ]
+
+
+def answer_anchors(
+    engine: Engine, anchors: Sequence[Episode], stack: Callable[[str], Sequence[AdapterHandle]]
+) -> list[Episode]:
+    """Each anchor with the bare experts' greedy answer as its chosen reply (served as the chat
+    serves it); an empty answer drops the anchor."""
+    params = GenerationParams(max_tokens=ANCHOR_TOKENS, temperature=0.0, repeat_penalty=1.1)
+    answered = []
+    for anchor in anchors:
+        engine.set_adapters(list(stack(anchor.slot)))
+        text = engine.generate(engine.render_tokens(anchor.messages), params).text.strip()
+        if text:
+            answered.append(Episode(anchor.messages, chosen=text, rejected=None, slot=anchor.slot))
+    engine.set_adapters([])
+    return answered

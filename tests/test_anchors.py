@@ -1,0 +1,50 @@
+"""Anchor episodes: everyday questions answered by the bare experts, replayed as "answer as before"."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from macaron_local.engine import Engine, EngineConfig, GenerationParams
+from macaron_local.learn.anchors import ANCHOR_TOKENS, anchor_prompts, answer_anchors, pick_anchors
+from macaron_local.learn.loop import LearnConfig
+from macaron_local.learn.regression import load_regression_set
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from common import embedded_model  # noqa: E402
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_the_pool_shares_nothing_with_the_regression_set_or_the_scenarios():
+    pool = {p.lower() for p in anchor_prompts()}
+    assert len(pool) == len(anchor_prompts()) >= 24
+    judged = {q["question"].lower() for q in load_regression_set()["questions"]}
+    scenario_prompts = set()
+    for folder in (ROOT / "bench" / "scenarios", ROOT.parent / "shared" / "scenarios"):
+        for path in folder.glob("*.json") if folder.is_dir() else []:
+            scenario = json.loads(path.read_text())
+            scenario_prompts |= {t["prompt"].lower() for t in scenario.get("train", [])}
+            scenario_prompts |= {p.lower() for p in scenario.get("heldout", [])}
+    assert not pool & judged and not pool & scenario_prompts
+
+
+def test_how_many_grows_with_the_nights_new_feedback_and_each_night_draws_anew():
+    assert pick_anchors(0, 0.5, 0, "sys") == [] and pick_anchors(10, 0.0, 0, "sys") == []
+    first = pick_anchors(9, 0.5, 0, "Be kind.")
+    assert len(first) == 5 and len(pick_anchors(1000, 0.5, 0, "")) == len(anchor_prompts())
+    assert all(a.messages[0] == {"role": "system", "content": "Be kind."} for a in first)
+    assert all(a.chosen is None and a.feedback_ids == [] for a in first)  # not the user's data
+    assert [a.messages for a in pick_anchors(9, 0.5, 1, "Be kind.")] != [a.messages for a in first]
+    assert LearnConfig().anchor_ratio > 0
+
+
+def test_an_anchor_is_answered_as_the_bare_experts_answer_it():
+    [anchor] = pick_anchors(1, 1.0, 3, "You are a helpful assistant.")
+    with Engine(EngineConfig(model_path=embedded_model(), n_ctx=512, n_threads=2)) as engine:
+        [answered] = answer_anchors(engine, [anchor], lambda slot: [])
+        params = GenerationParams(max_tokens=ANCHOR_TOKENS, temperature=0.0, repeat_penalty=1.1)
+        expected = engine.generate(engine.render_tokens(anchor.messages), params).text.strip()
+    assert answered.chosen == expected and answered.chosen
+    assert answered.messages == anchor.messages and answered.rejected is None
