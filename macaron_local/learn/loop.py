@@ -38,7 +38,7 @@ class LearnConfig:
     rank: int = 8
     alpha: float = 16.0
     lr: float = 5e-4
-    steps: int = 24
+    steps: int = 72  # the cap; a night runs about visits_per_episode visits per episode (learn.plan)
     episodes_per_step: int = 2
     group_size: int = 2
     max_new_tokens: int = 48
