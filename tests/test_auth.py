@@ -14,8 +14,8 @@ from pathlib import Path
 import keyring
 import pytest
 from conftest import run_cli
-from keyring.backend import KeyringBackend
-from keyring.errors import PasswordDeleteError
+from keyring.backend import KeyringBackend, properties
+from keyring.errors import NoKeyringError, PasswordDeleteError
 
 from macaron_local import secrets
 
@@ -26,9 +26,17 @@ TESTS = str(Path(__file__).parent)
 class JsonFileKeyring(KeyringBackend):
     """A keyring in a JSON file named by $MACARON_TEST_KEYRING (the tests' OS keyring)."""
 
-    priority = 1  # type: ignore[assignment]
+    @properties.classproperty
+    def priority(cls) -> float:  # type: ignore[override]
+        """Viable only where a test names its file: keyring registers every backend class it
+        sees, and this one must not become the OS keyring of tests that run after this module."""
+        if "MACARON_TEST_KEYRING" not in os.environ:
+            raise RuntimeError("the tests' JSON keyring needs MACARON_TEST_KEYRING")
+        return 1
 
     def _path(self) -> Path:
+        if "MACARON_TEST_KEYRING" not in os.environ:  # a later test, after this one was chosen
+            raise NoKeyringError("the tests' JSON keyring needs MACARON_TEST_KEYRING")
         return Path(os.environ["MACARON_TEST_KEYRING"])
 
     def _load(self) -> dict[str, str]:
