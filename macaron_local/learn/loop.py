@@ -58,7 +58,9 @@ class LearnConfig:
     replay_ratio: float = 1.0
     max_old_heldout: int = 8
     # "Answer as before" episodes on everyday questions per new episode (learn/anchors.py).
-    anchor_ratio: float = 0.5
+    # Off by default: with 0.5 one run deployed a near-inert adapter learned from gibberish
+    # (held-out gain within noise), so it waits for a gate that wants a gain beyond noise.
+    anchor_ratio: float = 0.0
     # Start from the deployed personal version's weights (same rank and alpha), not from zero.
     warm_start: bool = True
     # When the gate rejects, the seconds the run may spend on cheaper alternatives (learn.backoff).
