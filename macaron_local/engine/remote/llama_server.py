@@ -229,7 +229,7 @@ class LlamaServerEngine(RemoteEngine):
 
     # ----------------------------------------------------------------- adapters
     def _register(self, handle: AdapterHandle, name: str | None) -> None:
-        listed = {str(Path(a["path"]).resolve()): int(a["id"]) for a in self._server_adapters}
+        listed = self._listed()
         if str(handle.path) in listed:
             self._ids[handle.key] = listed[str(handle.path)]
             return
@@ -240,10 +240,14 @@ class LlamaServerEngine(RemoteEngine):
         self.managed.start([*self.managed.adapters, handle.path])  # loaded only at start
         self.client = JsonClient(self.managed.url, token=self.client.token, timeout_s=self.client.timeout_s)
         self._read_props()
-        listed = {str(Path(a["path"]).resolve()): int(a["id"]) for a in self._server_adapters}
+        listed = self._listed()
         for key, known in list(self._adapters.items()):
             self._ids[key] = listed[str(known.path)]
         self._ids[handle.key] = listed[str(handle.path)]
+
+    def _listed(self) -> dict[str, int]:
+        """The server's adapters as resolved path -> id (from its last /lora-adapters)."""
+        return {str(Path(a["path"]).resolve()): int(a["id"]) for a in self._server_adapters}
 
     def _unregister(self, handle: AdapterHandle) -> None:
         self._ids.pop(handle.key, None)  # freed at the next restart; never applied meanwhile

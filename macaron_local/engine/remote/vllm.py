@@ -36,10 +36,7 @@ from macaron_local.errors import AdapterError, MacaronError
 
 def peft_folder(path: Path) -> Path:
     """The PEFT folder vLLM loads for `path` (a PEFT folder itself, or a GGUF's export)."""
-    if path.is_dir():
-        return path
-    sibling = path.with_suffix(".peft")
-    return sibling
+    return path if path.is_dir() else path.with_suffix(".peft")
 
 
 def completion_request(model: str, prompt: Sequence[int], params: GenerationParams, seed: int) -> dict[str, Any]:
