@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from macaron_local.learn.episodes import Episode
-from macaron_local.learn.gate import significantly_worse
+from macaron_local.learn.gate import significantly_better, significantly_worse
 from macaron_local.learn.loop import LearnConfig
 from macaron_local.learn.plan import night_steps, plan_night, rotating_sample
 from macaron_local.store import LearningRun
@@ -79,3 +79,11 @@ def test_forgetting_is_judged_against_noise_not_a_single_count():
     assert not significantly_worse([0.5, 0.4, 0.6], [0.5, 0.5, 0.5])  # noise around no change
     assert significantly_worse([0.1, 0.1, 0.12, 0.1], [0.6, 0.62, 0.6, 0.6])  # a real, consistent drop
     assert not significantly_worse([], [])
+
+
+def test_a_gain_must_clear_a_margin_and_the_noise():
+    before = [-0.3, -0.3, -0.3, -0.3]
+    assert not significantly_better([-0.29, -0.28, -0.29, -0.29], before)  # gibberish's near-inert gain
+    assert significantly_better([0.1, 0.0, 0.2, -0.1], before)  # a consistent gain of 0.35
+    assert not significantly_better([0.9, -0.35, -0.3, -0.3], before)  # one lucky reply: within one SE
+    assert significantly_better([0.0], [-0.3]) and not significantly_better([], [])

