@@ -15,6 +15,8 @@ pytest.importorskip("peft")
 
 from conftest import run_cli  # noqa: E402
 
+from macaron_local.adapters.peft import convert_peft_dir  # noqa: E402
+from macaron_local.adapters.validate import BaseModelInfo  # noqa: E402
 from macaron_local.catalog import Catalog  # noqa: E402
 from macaron_local.engine import GenerationParams  # noqa: E402
 from macaron_local.learn.loop import LearnConfig  # noqa: E402
@@ -51,7 +53,7 @@ def ask(home) -> tuple[str, tuple[str, ...]]:
         return reply.text, reply.adapters
 
 
-def test_forgetting_the_conversations_of_a_learned_fact_removes_it_from_the_replies(home):
+def test_forgetting_the_conversations_of_a_learned_fact_removes_it_from_the_replies(home, tmp_path):
     catalog = Catalog(home)
     manifest = catalog.get(home.get("model"))
     bare_text, bare_served = ask(home)
@@ -65,12 +67,19 @@ def test_forgetting_the_conversations_of_a_learned_fact_removes_it_from_the_repl
             reply, _ = store.add_reply(conversation, asked, "I don't know.", {"model": manifest.name, "expert": "L0"})
             store.add_feedback(reply, "correction", text=correction)
             taught.append(conversation)
-        config = LearnConfig(steps=16, lr=2e-3, max_new_tokens=12, refresh_every=4, backoff_s=0.0, backend="torch")
+        config = LearnConfig(
+            steps=16, lr=2e-3, max_new_tokens=12, refresh_every=4, backoff_s=0.0, backend="torch", export_peft=True
+        )
         [night] = learn_once(store, catalog, manifest, config)
         if night.decision != "deployed":  # forgetting is what is tested here, not the gate
             store.deploy_adapter(night.version_id)
         version = store.adapter_version(night.version_id)
         assert Path(version.path).is_file()
+        # The PEFT companion vLLM would load is exactly the adapter that was gated and served.
+        companion = Path(version.path).with_suffix(".peft")
+        base = BaseModelInfo.from_gguf(catalog.base_path(manifest))
+        again = convert_peft_dir(companion, base, tmp_path / "a.gguf", dtype="F32", task_name="personal")
+        assert again.read_bytes() == Path(version.path).read_bytes()
 
     learned_text, served = ask(home)
     assert served == (*bare_served, f"personal {version.id}")
@@ -88,7 +97,7 @@ def test_forgetting_the_conversations_of_a_learned_fact_removes_it_from_the_repl
     assert FACT not in forgotten_text
     with open_default_store(home) as store:
         assert store.deployed_adapter(PERSONAL_SLOT, manifest.name) is None
-        assert not Path(version.path).exists()
+        assert not Path(version.path).exists() and not companion.exists()  # the same weights, as PEFT
         reason = store.forgotten_reason(version.id)
         why = "stopped serving and its adapter file deleted"
         assert reason == f"learned from forgotten conversation {taught[0]}: {why}"

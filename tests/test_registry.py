@@ -155,3 +155,33 @@ def test_adapters_gc_removes_only_unreferenced_files(tmp_path, tiny_model):
     done = run_cli("adapters", "gc", home=home)
     assert done.returncode == 0 and "removed 1 unreferenced" in done.stdout
     assert not orphan.exists() and Path(kept.path).exists()
+
+
+def test_a_peft_companion_lives_and_dies_with_its_gguf(store, tiny_model, tmp_path):
+    """vLLM loads PEFT folders: a version may carry one (`<sha256>.peft/`), private, copied whole,
+    and collected with the GGUF it belongs to."""
+    from macaron_local.engine.remote.vllm import peft_folder
+
+    model = tiny_model("llama", False)
+    peft = tmp_path / "export"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text('{"r": 2}')
+    (peft / "adapter_model.safetensors").write_bytes(b"weights")
+    path = write_random_adapter(tmp_path / "a.gguf", model, rank=2, seed=5)
+    with pytest.raises(InvalidInputError, match="not a PEFT folder"):
+        store.register_adapter(path, slot="L0", base_model="tiny", rank=2, peft_dir=tmp_path)
+    version = store.register_adapter(path, slot="L0", base_model="tiny", rank=2, peft_dir=peft)
+    companion = peft_folder(Path(version.path))
+    assert companion == store.adapters_dir / f"{version.sha256}.peft"
+    assert (companion / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert stat.S_IMODE(companion.stat().st_mode) == 0o700
+    assert stat.S_IMODE((companion / "adapter_config.json").stat().st_mode) == 0o600
+    assert not [p for p in store.adapters_dir.iterdir() if p.name.startswith(".")]  # no temporary left
+
+    dead = store.adapters_dir / f".{'1' * 64}.peft.999999999.tmp"  # a crashed copy, writer gone
+    dead.mkdir()
+    orphan = store.adapters_dir / f"{'2' * 64}.peft"  # a companion whose version is gone
+    orphan.mkdir()
+    report = store.collect_garbage(stale_temp_s=0.0)
+    assert report.removed == [orphan.name] and report.stale_temps == [dead.name]
+    assert companion.is_dir() and not orphan.exists() and not dead.exists()

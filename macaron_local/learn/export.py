@@ -11,6 +11,8 @@ deployment.
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,9 +27,26 @@ from macaron_local.learn.backends.base import TrainerBackend, make_batch
 
 
 def export_gguf(
-    backend: TrainerBackend, base: BaseModelInfo, out: Path, task_name: str | None = None, dtype: str = "F32"
+    backend: TrainerBackend,
+    base: BaseModelInfo,
+    out: Path,
+    task_name: str | None = None,
+    dtype: str = "F32",
+    keep_peft: bool = False,
 ) -> Path:
-    """Write the backend's LoRA as a validated GGUF adapter at `out` (atomically)."""
+    """Write the backend's LoRA as a validated GGUF adapter at `out` (atomically).
+
+    With `keep_peft`, the PEFT folder it was converted from stays next to it
+    (`out.with_suffix(".peft")`): an engine that loads PEFT, not GGUF (vLLM), serves that.
+    """
+    if keep_peft:
+        folder = out.with_suffix(".peft")
+        with tempfile.TemporaryDirectory(prefix=".peft-", dir=out.parent) as tmp:
+            backend.save_peft(Path(tmp) / "adapter")
+            file = convert_peft_dir(Path(tmp) / "adapter", base, out, dtype=dtype, task_name=task_name)
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(Path(tmp) / "adapter", folder)
+        return file
     with tempfile.TemporaryDirectory(prefix="macaron-export-") as tmp:
         backend.save_peft(Path(tmp))
         return convert_peft_dir(tmp, base, out, dtype=dtype, task_name=task_name)

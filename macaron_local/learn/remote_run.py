@@ -130,6 +130,8 @@ def learn_personal_remote(
                 on_step(log)
         result.trainer_seconds = time.perf_counter() - training
         peft = trainer.export(f"macaron-night-{plan.night}", workdir / "remote-peft")
+        if config.export_peft:  # kept next to the candidate, as vLLM loads it (learn.export)
+            peft = peft.rename(workdir / "candidate-final.peft")
         final_file = peft_to_candidate(peft, base, workdir / "candidate-final.gguf")
         experts.underneath("")  # parity compares the adapter alone, on the bare base
         effects = []

@@ -248,7 +248,9 @@ def learn_personal(
 
         def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
             _set_weights(backend, candidate.weights, candidate.scale)
-            file = export_gguf(backend, base, workdir / f"candidate-{candidate.name}.gguf", task_name="personal")
+            file = export_gguf(
+                backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
+            )
             return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE)
 
         def retrain() -> Candidate:
@@ -396,8 +398,10 @@ def _gate_and_record(
     )
     for candidate in tried:
         assert candidate.file is not None
+        companion = candidate.file.with_suffix(".peft")
         version = store.register_adapter(
             candidate.file,
+            peft_dir=companion if candidate is chosen and companion.is_dir() else None,
             slot=slot,
             base_model=manifest.name,
             rank=config.rank,
@@ -503,7 +507,9 @@ def _learn_sequential(
         prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
         for candidate in [final, *_fallbacks(result, final, config)]:
             _set_weights(backend, candidate.weights, candidate.scale)
-            file = export_gguf(backend, base, workdir / f"candidate-{candidate.name}.gguf", task_name="personal")
+            file = export_gguf(
+                backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
+            )
             prepared[candidate.name] = (file, trainer_effects(backend, samples))
         trainer = weakref.ref(backend)
         del backend, trainer_experts
@@ -574,6 +580,8 @@ def learn_once(
     """One night: the personal adapter, learned from the feedback of every expert's turns (or
     only of the expert `slots` given). Returns one report, or none when there is no feedback."""
     config = config or LearnConfig()
+    if engine_settings(catalog.settings).kind == "vllm":
+        config = dataclasses.replace(config, export_peft=True)  # vLLM loads each candidate as a PEFT folder
     episodes = [e for e in episodes_from_store(store) if slots is None or e.slot in slots]
     if not episodes or should_stop():
         return []

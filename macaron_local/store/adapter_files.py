@@ -4,6 +4,11 @@ under its real name, and collected when no version references them.
 `adapters/<sha256>.gguf` never changes once written: a file is copied under a temporary name,
 flushed, then renamed. What the rows say about these files lives in `registry.py`; the two meet
 under the store's write lock (see `collect_garbage`).
+
+A version may also have a companion, `adapters/<sha256>.peft/`: the same adapter as a PEFT
+folder, for an engine that loads PEFT and not GGUF (vLLM). It is keyed by its GGUF's hash, so
+it lives and dies with that file: collected with it, and deleted with it when a conversation it
+learned is forgotten (it encodes the same data).
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ from macaron_local.store.errors import StoreError
 #: A content-addressed adapter file, and the temporary name it is written under first.
 CONTENT_NAME = re.compile(r"^[0-9a-f]{64}\.gguf$")
 TEMP_NAME = re.compile(r"^\.(?P<target>[0-9a-f]{64}\.gguf)\.(?P<pid>\d+)\.tmp$")
+#: A companion PEFT folder, and the temporary name it is copied under first.
+COMPANION_NAME = re.compile(r"^[0-9a-f]{64}\.peft$")
+TEMP_COMPANION = re.compile(r"^\.(?P<target>[0-9a-f]{64}\.peft)\.(?P<pid>\d+)\.tmp$")
+PEFT_CONFIG = "adapter_config.json"
 #: A temporary file this old, whose writer is gone, was left by a crash mid-copy.
 STALE_TEMP_S = 3600.0
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -130,6 +139,48 @@ def ensure_files(items: Sequence[tuple[Path, str]], adapters_dir: Path) -> list[
     return targets
 
 
+def companion_path(adapters_dir: Path, digest: str) -> Path:
+    """Where the PEFT companion of `adapters_dir/<digest>.gguf` lives (whether or not it exists)."""
+    return adapters_dir / f"{digest}.peft"
+
+
+def store_companion(folder: Path, digest: str, adapters_dir: Path) -> Path:
+    """Copy the PEFT folder `folder` in as the companion of `<digest>.gguf`: copied whole under a
+    temporary name, flushed, then renamed, so a crash never leaves half of one under its real
+    name. A companion already there is kept (same hash, same adapter)."""
+    target = companion_path(adapters_dir, digest)
+    if (target / PEFT_CONFIG).is_file():
+        return target
+    if not (Path(folder) / PEFT_CONFIG).is_file():
+        raise InvalidInputError(f"{folder}: not a PEFT folder (no {PEFT_CONFIG})")
+    tmp = adapters_dir / f".{target.name}.{os.getpid()}.tmp"
+    with disk_errors(adapters_dir):
+        adapters_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            shutil.copytree(folder, tmp)
+            os.chmod(tmp, 0o700)
+            files = [path for path in tmp.rglob("*") if path.is_file()]
+            for path in files:
+                os.chmod(path, 0o600)
+            _flush(files, adapters_dir)
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete one (no config) is replaced
+            os.replace(tmp, target)
+            _fsync_dir(adapters_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def remove_companion(adapters_dir: Path, digest: str) -> None:
+    shutil.rmtree(companion_path(adapters_dir, digest), ignore_errors=True)
+
+
+def _folder_bytes(folder: str) -> int:
+    return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
+
+
 def _flush(files: Sequence[Path], folder: Path) -> None:
     """Put the files' bytes on disk before they are renamed into place.
 
@@ -198,6 +249,14 @@ def collect_garbage(
         return GcReport(dry_run=dry_run)
     now = time.time()
     for entry in sorted(os.scandir(adapters_dir), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False):
+            name = _collect_folder(db, entry, only, now, stale_temp_s)
+            if name is not None:
+                (removed if COMPANION_NAME.match(name) else stale).append(name)
+                freed += _folder_bytes(entry.path)
+                if not dry_run:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+            continue
         if not entry.is_file(follow_symlinks=False):
             continue
         if CONTENT_NAME.match(entry.name):
@@ -218,6 +277,20 @@ def collect_garbage(
         if not dry_run:
             Path(entry.path).unlink(missing_ok=True)
     return GcReport(removed=removed, stale_temps=stale, freed_bytes=freed, kept=kept, dry_run=dry_run)
+
+
+def _collect_folder(db: Database, entry: os.DirEntry, only: set[str] | None, now: float, stale_temp_s: float):
+    """The name of a companion folder (or a dead writer's temporary one) to collect, else None."""
+    if COMPANION_NAME.match(entry.name):
+        digest = entry.name[:64]
+        if only is not None and digest not in only:
+            return None
+        referenced = db.execute("SELECT 1 FROM adapter_versions WHERE sha256 = ? LIMIT 1", [digest]).fetchone()
+        return None if referenced else entry.name
+    temp = TEMP_COMPANION.match(entry.name)
+    if only is None and temp is not None and not _alive(int(temp["pid"])):
+        return entry.name if now - entry.stat().st_mtime >= stale_temp_s else None
+    return None
 
 
 def _alive(pid: int) -> bool:

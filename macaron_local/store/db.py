@@ -461,12 +461,21 @@ class Store:
         """Content-addressed adapter files live next to the database."""
         return self.db_path.parent / "adapters"
 
-    def register_adapter(self, path: Path, *, slot: str, base_model: str, rank: int, **details: Any) -> AdapterVersion:
-        """Copy `path` into the registry (content-addressed, atomic) and record a new version."""
+    def register_adapter(
+        self, path: Path, *, slot: str, base_model: str, rank: int, peft_dir: Path | None = None, **details: Any
+    ) -> AdapterVersion:
+        """Copy `path` into the registry (content-addressed, atomic) and record a new version.
+
+        `peft_dir`, the same adapter as a PEFT folder, is kept as its companion
+        (`adapters/<sha256>.peft/`) for an engine that loads PEFT (vLLM)."""
         digest, stored = registry.store_file(Path(path), self.adapters_dir)
+        if peft_dir is not None:
+            registry.store_companion(Path(peft_dir), digest, self.adapters_dir)
         with self._writing() as db:
-            # Again under the write lock: a garbage collection may have taken the file since.
+            # Again under the write lock: a garbage collection may have taken the files since.
             registry.ensure_file(Path(path), digest, self.adapters_dir)
+            if peft_dir is not None:
+                registry.store_companion(Path(peft_dir), digest, self.adapters_dir)
             version_id = registry.register(
                 db, slot=slot, base_model=base_model, rank=rank, sha256=digest, path=stored, **details
             )
@@ -595,6 +604,7 @@ class Store:
             result = learning.forget(db, conversation_id)
         for digest in result.deleted_files:  # after the commit: a rolled-back forget keeps its files
             (self.adapters_dir / f"{digest}.gguf").unlink(missing_ok=True)
+            registry.remove_companion(self.adapters_dir, digest)  # the same weights, as PEFT
         return result
 
     def forgotten_reason(self, version_id: str) -> str | None:

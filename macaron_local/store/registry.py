@@ -35,10 +35,13 @@ from macaron_local.store.adapter_files import (  # noqa: F401  (the registry's f
     TEMP_NAME,
     GcReport,
     collect_garbage,
+    companion_path,
     disk_errors,
     ensure_file,
     ensure_files,
     missing_files,
+    remove_companion,
+    store_companion,
     store_file,
     store_files,
 )
