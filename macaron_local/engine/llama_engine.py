@@ -131,7 +131,37 @@ def file_key(path: Path) -> str:
     return sha256_file(path)[:16]
 
 
-class Engine:
+class AdapterSet:
+    """What every engine reports of its adapters: which are resident, which are active (with
+    their scales) and for which conversation view. The in-process and the remote engines keep
+    the same three fields; how they load and apply adapters is their own."""
+
+    _adapters: dict[str, AdapterHandle]
+    _active: tuple[tuple[str, float], ...]
+    _view: str
+
+    @property
+    def loaded(self) -> tuple[Path, ...]:
+        """Every adapter file resident now (active or not). An engine that frees adapters to
+        stay within a memory budget does not list those; they reload when used."""
+        return tuple(handle.path for handle in self._adapters.values())
+
+    @property
+    def active(self) -> tuple[tuple[str, float], ...]:
+        """The active set as (adapter key, scale) pairs."""
+        return self._active
+
+    def active_handles(self) -> list[tuple[AdapterHandle, float]]:
+        """The active set as handles and scales (to restore it after a temporary switch)."""
+        return [(self._adapters[key], scale) for key, scale in self._active]
+
+    @property
+    def view(self) -> str:
+        """The conversation view the live KV cells hold (see `set_adapters`)."""
+        return self._view
+
+
+class Engine(AdapterSet):
     """One base model, any number of validated adapters, one context. Not re-entrant: one
     generation at a time (a lock enforces it)."""
 
@@ -289,26 +319,6 @@ class Engine:
                 self._states = OrderedDict((k, v) for k, v in self._states.items() if handle.key not in dict(k[0]))
             if resident is not None:
                 llama_cpp.llama_adapter_lora_free(resident.pointer)
-
-    @property
-    def loaded(self) -> tuple[Path, ...]:
-        """Every adapter file resident in llama.cpp now (active or not): what it holds in memory.
-        Adapters freed to stay within max_adapter_bytes are not listed; they reload when used."""
-        return tuple(handle.path for handle in self._adapters.values())
-
-    @property
-    def active(self) -> tuple[tuple[str, float], ...]:
-        """The active set as (adapter key, scale) pairs."""
-        return self._active
-
-    def active_handles(self) -> list[tuple[AdapterHandle, float]]:
-        """The active set as handles and scales (to restore it after a temporary switch)."""
-        return [(self._adapters[key], scale) for key, scale in self._active]
-
-    @property
-    def view(self) -> str:
-        """The conversation view the live KV cells hold (see `set_adapters`)."""
-        return self._view
 
     def set_adapters(
         self,

@@ -23,6 +23,7 @@ import numpy as np
 from macaron_local.adapters.validate import AdapterReport, BaseModelInfo, validate_adapter
 from macaron_local.engine.llama_engine import (
     AdapterHandle,
+    AdapterSet,
     Completion,
     EngineConfig,
     Generation,
@@ -44,7 +45,7 @@ class Piece:
     stop_token: int | None = None  # the end-of-generation token a "stop" ended on, if known
 
 
-class RemoteEngine(ABC):
+class RemoteEngine(AdapterSet, ABC):
     """An engine whose model runs in a server. Like `Engine`, one generation at a time."""
 
     kind = "remote"
@@ -135,21 +136,6 @@ class RemoteEngine(ABC):
                 raise AdapterError(f"adapter {handle.path} is active; switch away from it first")
             if self._adapters.pop(handle.key, None) is not None:
                 self._unregister(handle)
-
-    @property
-    def loaded(self) -> tuple[Path, ...]:
-        return tuple(handle.path for handle in self._adapters.values())
-
-    @property
-    def active(self) -> tuple[tuple[str, float], ...]:
-        return self._active
-
-    def active_handles(self) -> list[tuple[AdapterHandle, float]]:
-        return [(self._adapters[key], scale) for key, scale in self._active]
-
-    @property
-    def view(self) -> str:
-        return self._view
 
     def set_adapters(
         self,
