@@ -305,6 +305,8 @@ def pull(
             changed = True
         elif job.copy_from is None and job.peft_dir is None:
             _check_adapter(job.out, base())
+        if job.peft_dir is not None:
+            _link_peft(job.out, job.peft_dir)
         if not changed:
             result.skipped.append(job.label)
         result.files.append(job.out)
@@ -635,6 +637,19 @@ def _convert(job: _ExpertJob, base: BaseModelInfo, base_path: Path) -> None:
     convert_peft_dir(job.peft_dir, base, job.out, dtype=job.dtype, task_name=task)
     record = {"inputs": job.build_inputs(base_path), "stamp": _stamp(job.out)}
     _write_json(_build_record(job.out), record)
+
+
+def _link_peft(out: Path, peft_dir: Path) -> None:
+    """`<slot>.peft` next to the converted expert, a link to the PEFT folder it came from: an
+    engine that loads PEFT, not GGUF (vLLM), finds an expert's folder there to stack the
+    personal adapter on it (`engine.remote.vllm.peft_folder`). Replaced atomically."""
+    link, target = out.with_suffix(".peft"), peft_dir.resolve()
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return
+    tmp = link.with_name(f".{link.name}.link")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp, target_is_directory=True)
+    os.replace(tmp, link)
 
 
 def _copy_adapter(src: Path, out: Path, base: BaseModelInfo) -> None:

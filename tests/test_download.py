@@ -464,6 +464,11 @@ def test_experts_are_downloaded_converted_and_validated(hub, settings, catalog, 
     for path in (l0, l1):
         assert validate_adapter(path, base).n_pairs == 1
     assert validate_adapter(l0, base).task_name == "L0 Chat"
+    # vLLM loads PEFT: the converted expert points at the folder it came from, to stack on.
+    from macaron_local.engine.remote.vllm import peft_folder
+
+    assert (peft_folder(l0) / "adapter_config.json").read_bytes() == peft_files()["adapter_config.json"]
+    assert not peft_folder(l1).exists()  # published as GGUF: nothing to stack for vLLM
 
     hub.reset_counters()
     again = pull(catalog, manifest, progress=False)
