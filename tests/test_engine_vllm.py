@@ -139,3 +139,97 @@ def test_a_gguf_adapter_is_served_from_its_peft_export(tmp_path):
     assert peft_folder(tmp_path / "personal-3.gguf") == tmp_path / "personal-3.peft"
     (tmp_path / "dir").mkdir()
     assert peft_folder(tmp_path / "dir") == tmp_path / "dir"
+
+
+# ----------------------------------------------------------------- the stack's lifecycle
+class AdminServer:
+    """vLLM's model list and runtime adapter endpoints as its server answers them (load and
+    unload reply in plain text), on 127.0.0.1. vLLM itself cannot run here (no NVIDIA GPU)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[tuple[str, dict]] = []
+        self.models = ["base", "L0"]
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _send(self, body: bytes, kind: str) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                data = [{"id": m, "parent": None if m == "base" else "base"} for m in outer.models]
+                self._send(json.dumps({"object": "list", "data": data}).encode(), "application/json")
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append((self.path, body))
+                if self.path == "/v1/completions":  # the route hop's one-token choice
+                    choice = {"text": "", "token_ids": [body["allowed_token_ids"][0]]}
+                    self._send(json.dumps({"choices": [choice]}).encode(), "application/json")
+                else:
+                    verb = "added" if "load_lora" in self.path else "removed"
+                    self._send(
+                        f"Success: LoRA adapter '{body['lora_name']}' {verb} successfully.".encode(), "text/plain"
+                    )
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_stack_holding_the_users_weights_is_deleted_when_they_are_unloaded(tmp_path):
+    import hashlib
+    import os
+
+    from macaron_local.engine import EngineConfig
+    from macaron_local.engine.remote.vllm import VllmEngine
+    from macaron_local.store.adapter_files import remove_companion
+
+    q = "model.layers.0.self_attn.q_proj"
+    adapters = tmp_path / "adapters"
+    adapters.mkdir()
+    gguf = b"a registered personal adapter"
+    digest = hashlib.sha256(gguf).hexdigest()
+    (adapters / f"{digest}.gguf").write_bytes(gguf)
+    write_peft(adapters / f"{digest}.peft", {q: (16, 12)}, rank=2, alpha=4, seed=2)  # its companion
+    expert = write_peft(tmp_path / "models" / "L0", {q: (16, 12)}, rank=4, alpha=8, seed=1)
+    server = AdminServer()
+    try:
+        engine = VllmEngine(EngineConfig(model_path=tmp_path / "absent.gguf"), url=server.url)
+        l0 = engine.load_adapter(expert, name="L0")  # registered at the server's start: nothing sent
+        personal = engine.load_adapter(adapters / f"{digest}.gguf")
+        loaded = {"lora_name": f"macaron-{personal.key}", "lora_path": str(adapters / f"{digest}.peft")}
+        assert server.requests == [("/v1/load_lora_adapter", loaded)]  # served from its companion
+        engine.set_adapters([l0, personal])
+        assert engine.best_next([1, 2], [7, 8]) == 7
+        path, load = server.requests[1]
+        stack = Path(load["lora_path"])
+        assert path == "/v1/load_lora_adapter" and server.requests[2][1]["model"] == load["lora_name"]
+        assert stack.parent == adapters and stack.name.startswith(f".stack-{os.getpid()}-")
+        assert np.allclose(delta(stack, q), delta(expert, q) + delta(adapters / f"{digest}.peft", q), atol=1e-4)
+
+        engine.set_adapters([])
+        engine.unload_adapter(personal)  # e.g. a forget withdrew the version
+        assert not stack.exists()
+        assert [p for p, _ in server.requests[3:]] == ["/v1/unload_lora_adapter"] * 2  # the stack, then it
+        engine.close()
+    finally:
+        server.close()
+    # A stack a crashed process left is collected, and a forget removes every stack of its version.
+    left = adapters / f".stack-999999999-macaron-{digest[:16]}x1+dir-L0x1.peft"
+    left.mkdir()
+    remove_companion(adapters, digest)
+    assert not left.exists() and not (adapters / f"{digest}.peft").exists()

@@ -38,6 +38,10 @@ TEMP_NAME = re.compile(r"^\.(?P<target>[0-9a-f]{64}\.gguf)\.(?P<pid>\d+)\.tmp$")
 COMPANION_NAME = re.compile(r"^[0-9a-f]{64}\.peft$")
 TEMP_COMPANION = re.compile(r"^\.(?P<target>[0-9a-f]{64}\.peft)\.(?P<pid>\d+)\.tmp$")
 PEFT_CONFIG = "adapter_config.json"
+#: A stack vLLM serves (an expert plus the personal adapter as one PEFT folder), written next to
+#: the companions by the process in its name: `.stack-<pid>-macaron-<key>x<scale>+....peft`.
+STACK_PREFIX = ".stack-"
+STACK_NAME = re.compile(r"^\.stack-(?P<pid>\d+)-[\w.+-]+\.peft$")
 #: A temporary file this old, whose writer is gone, was left by a crash mid-copy.
 STALE_TEMP_S = 3600.0
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -174,7 +178,11 @@ def store_companion(folder: Path, digest: str, adapters_dir: Path) -> Path:
 
 
 def remove_companion(adapters_dir: Path, digest: str) -> None:
+    """Delete `<digest>.gguf`'s companion and every stack built from it (an engine names a
+    stacked adapter by the first 16 hex digits of each file's hash)."""
     shutil.rmtree(companion_path(adapters_dir, digest), ignore_errors=True)
+    for stack in adapters_dir.glob(f"{STACK_PREFIX}*{digest[:16]}*.peft"):
+        shutil.rmtree(stack, ignore_errors=True)
 
 
 def _folder_bytes(folder: str) -> int:
@@ -287,7 +295,7 @@ def _collect_folder(db: Database, entry: os.DirEntry, only: set[str] | None, now
             return None
         referenced = db.execute("SELECT 1 FROM adapter_versions WHERE sha256 = ? LIMIT 1", [digest]).fetchone()
         return None if referenced else entry.name
-    temp = TEMP_COMPANION.match(entry.name)
+    temp = TEMP_COMPANION.match(entry.name) or STACK_NAME.match(entry.name)
     if only is None and temp is not None and not _alive(int(temp["pid"])):
         return entry.name if now - entry.stat().st_mtime >= stale_temp_s else None
     return None

@@ -55,6 +55,12 @@ class JsonClient:
         with self._open(self._request("POST", path, body), timeout) as response:
             return _parse(response.read(), self.base_url + path)
 
+    def post_text(self, path: str, body: Any, timeout: float | None = None) -> str:
+        """POST `body` to an endpoint that answers in plain text (vLLM's adapter loading says
+        "Success: ..." as text/plain; its errors are still JSON, read by `_open`)."""
+        with self._open(self._request("POST", path, body), timeout) as response:
+            return response.read().decode("utf-8", errors="replace")
+
     def stream(self, path: str, body: Any) -> Iterator[dict[str, Any]]:
         """POST `body` and yield each server-sent event's JSON object until the stream ends.
         Closing the iterator closes the connection, which stops the server's generation."""

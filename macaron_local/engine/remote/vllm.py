@@ -22,6 +22,8 @@ that what is sent can be checked without a GPU.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from macaron_local.engine.remote.base import Piece, RemoteEngine
 from macaron_local.engine.remote.http import JsonClient
 from macaron_local.engine.template import CHATML, ChatTemplate, Message
 from macaron_local.errors import AdapterError, MacaronError
+from macaron_local.store.adapter_files import STACK_PREFIX
 
 
 def peft_folder(path: Path) -> Path:
@@ -154,6 +157,7 @@ class VllmEngine(RemoteEngine):
         self.path_prefix = path_prefix
         self._names: dict[str, str] = {}  # adapter key -> vLLM model name
         self._stacks: dict[str, str] = {}  # stacked set name -> loaded
+        self._stack_dirs: dict[str, Path] = {}  # stacked set name -> the folder written for it
         models = self.client.get("/v1/models").get("data") or []
         self.base_model = next((m["id"] for m in models if not m.get("parent")), models[0]["id"] if models else "")
         self._served = {m["id"] for m in models}
@@ -182,16 +186,31 @@ class VllmEngine(RemoteEngine):
         missing = [str(f) for f in folders if not (f / "adapter_config.json").is_file()]
         if missing:
             raise AdapterError(f"vLLM serves one adapter per request; to stack, {missing[0]} must be a PEFT folder")
-        target = folders[-1].parent / f"{name}.peft"
+        # Next to the personal adapter's folder (where the server sees adapters), named after
+        # this process and the keys stacked: it holds the user's weights, so it is deleted
+        # when any of them is unloaded or the engine closes, a forget removes it with its
+        # version's files, and a garbage collection takes one a dead process left.
+        target = folders[-1].parent / f"{STACK_PREFIX}{os.getpid()}-{name}.peft"
         stack_peft([(f, s) for f, (_, s) in zip(folders, pairs, strict=True)], target)
+        self._stack_dirs[name] = target
         self._load(name, target)
         return name
+
+    def _drop_stack(self, name: str) -> None:
+        self._stacks.pop(name, None)
+        if name in self._served:
+            with contextlib.suppress(MacaronError):  # the server may be gone; the folder still goes
+                self.client.post_text("/v1/unload_lora_adapter", {"lora_name": name}, timeout=10)
+            self._served.discard(name)
+        folder = self._stack_dirs.pop(name, None)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _server_path(self, folder: Path) -> str:
         return str(Path(self.path_prefix) / folder.name) if self.path_prefix else str(folder)
 
     def _load(self, name: str, folder: Path) -> None:
-        self.client.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": self._server_path(folder)})
+        self.client.post_text("/v1/load_lora_adapter", {"lora_name": name, "lora_path": self._server_path(folder)})
         self._served.add(name)
 
     # ----------------------------------------------------------------- tokens
@@ -223,9 +242,11 @@ class VllmEngine(RemoteEngine):
         self._names[handle.key] = served
 
     def _unregister(self, handle: AdapterHandle) -> None:
+        for stack in [n for n in self._stack_dirs if handle.key in n]:
+            self._drop_stack(stack)
         name = self._names.pop(handle.key, None)
         if name is not None and name.startswith("macaron-"):
-            self.client.post("/v1/unload_lora_adapter", {"lora_name": name})
+            self.client.post_text("/v1/unload_lora_adapter", {"lora_name": name})
             self._served.discard(name)
 
     # ----------------------------------------------------------------- generation
@@ -247,6 +268,8 @@ class VllmEngine(RemoteEngine):
         return got[0]
 
     def _shutdown(self) -> None:
+        for stack in list(self._stack_dirs):
+            self._drop_stack(stack)
         for name in [n for n in self._served if n.startswith("macaron-")]:
             with contextlib.suppress(MacaronError):  # the server may be gone; nothing here holds memory
-                self.client.post("/v1/unload_lora_adapter", {"lora_name": name}, timeout=10)
+                self.client.post_text("/v1/unload_lora_adapter", {"lora_name": name}, timeout=10)
