@@ -39,17 +39,15 @@ def export_gguf(
     With `keep_peft`, the PEFT folder it was converted from stays next to it
     (`out.with_suffix(".peft")`): an engine that loads PEFT, not GGUF (vLLM), serves that.
     """
-    if keep_peft:
-        folder = out.with_suffix(".peft")
-        with tempfile.TemporaryDirectory(prefix=".peft-", dir=out.parent) as tmp:
-            backend.save_peft(Path(tmp) / "adapter")
-            file = convert_peft_dir(Path(tmp) / "adapter", base, out, dtype=dtype, task_name=task_name)
+    with tempfile.TemporaryDirectory(prefix=".peft-", dir=out.parent) as tmp:  # same filesystem: renamed
+        saved = Path(tmp) / "adapter"
+        backend.save_peft(saved)
+        file = convert_peft_dir(saved, base, out, dtype=dtype, task_name=task_name)
+        if keep_peft:
+            folder = out.with_suffix(".peft")
             shutil.rmtree(folder, ignore_errors=True)
-            os.replace(Path(tmp) / "adapter", folder)
+            os.replace(saved, folder)
         return file
-    with tempfile.TemporaryDirectory(prefix="macaron-export-") as tmp:
-        backend.save_peft(Path(tmp))
-        return convert_peft_dir(tmp, base, out, dtype=dtype, task_name=task_name)
 
 
 @dataclass(frozen=True)

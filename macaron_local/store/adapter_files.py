@@ -271,7 +271,7 @@ def collect_garbage(
             digest = entry.name[:64]
             if only is not None and digest not in only:
                 continue
-            if db.execute("SELECT 1 FROM adapter_versions WHERE sha256 = ? LIMIT 1", [digest]).fetchone():
+            if _referenced(db, digest):
                 kept += 1
                 continue
             removed.append(entry.name)
@@ -287,14 +287,18 @@ def collect_garbage(
     return GcReport(removed=removed, stale_temps=stale, freed_bytes=freed, kept=kept, dry_run=dry_run)
 
 
+def _referenced(db: Database, digest: str) -> bool:
+    """Does any version name the file with this hash (and so its companion)?"""
+    return db.execute("SELECT 1 FROM adapter_versions WHERE sha256 = ? LIMIT 1", [digest]).fetchone() is not None
+
+
 def _collect_folder(db: Database, entry: os.DirEntry, only: set[str] | None, now: float, stale_temp_s: float):
     """The name of a companion folder (or a dead writer's temporary one) to collect, else None."""
     if COMPANION_NAME.match(entry.name):
         digest = entry.name[:64]
         if only is not None and digest not in only:
             return None
-        referenced = db.execute("SELECT 1 FROM adapter_versions WHERE sha256 = ? LIMIT 1", [digest]).fetchone()
-        return None if referenced else entry.name
+        return None if _referenced(db, digest) else entry.name
     temp = TEMP_COMPANION.match(entry.name) or STACK_NAME.match(entry.name)
     if only is None and temp is not None and not _alive(int(temp["pid"])):
         return entry.name if now - entry.stat().st_mtime >= stale_temp_s else None

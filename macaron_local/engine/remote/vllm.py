@@ -156,8 +156,7 @@ class VllmEngine(RemoteEngine):
         self.client = JsonClient(url, token=token, timeout_s=timeout_s)
         self.path_prefix = path_prefix
         self._names: dict[str, str] = {}  # adapter key -> vLLM model name
-        self._stacks: dict[str, str] = {}  # stacked set name -> loaded
-        self._stack_dirs: dict[str, Path] = {}  # stacked set name -> the folder written for it
+        self._stack_dirs: dict[str, Path] = {}  # stacked set name -> the folder written and loaded for it
         models = self.client.get("/v1/models").get("data") or []
         self.base_model = next((m["id"] for m in models if not m.get("parent")), models[0]["id"] if models else "")
         self._served = {m["id"] for m in models}
@@ -175,11 +174,11 @@ class VllmEngine(RemoteEngine):
         if len(pairs) == 1 and pairs[0][1] == 1.0:
             return self._names[pairs[0][0].key]
         name = stacked_name(pairs)
-        if name not in self._stacks:
-            self._stacks[name] = self._load_stack(pairs, name)
+        if name not in self._stack_dirs:
+            self._load_stack(pairs, name)
         return name
 
-    def _load_stack(self, pairs: Sequence[tuple[AdapterHandle, float]], name: str) -> str:
+    def _load_stack(self, pairs: Sequence[tuple[AdapterHandle, float]], name: str) -> None:
         from macaron_local.adapters.peft_stack import stack_peft
 
         folders = [peft_folder(h.path) for h, _ in pairs]
@@ -194,10 +193,8 @@ class VllmEngine(RemoteEngine):
         stack_peft([(f, s) for f, (_, s) in zip(folders, pairs, strict=True)], target)
         self._stack_dirs[name] = target
         self._load(name, target)
-        return name
 
     def _drop_stack(self, name: str) -> None:
-        self._stacks.pop(name, None)
         if name in self._served:
             with contextlib.suppress(MacaronError):  # the server may be gone; the folder still goes
                 self.client.post_text("/v1/unload_lora_adapter", {"lora_name": name}, timeout=10)
