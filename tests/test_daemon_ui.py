@@ -53,7 +53,8 @@ async def test_a_deployment_elsewhere_is_announced_served_and_shown_in_the_panel
             version = other.register_adapter(path, slot="L0", base_model="tiny", rank=2, feedback_ids=ids)
             other.deploy_adapter(version.id)
         await until(pilot, lambda: chat.updates_told == ["L0 Chat updated: learned from 2 corrections"])
-        assert any("L0 Chat updated" in str(n.message) for n in app._notifications)
+        # Textual's notify posts a message: the toast lands a moment after the notice is counted.
+        await until(pilot, lambda: any("L0 Chat updated" in str(n.message) for n in app._notifications))
 
         prompt = chat.query_one(PromptInput)
         prompt.focus()
