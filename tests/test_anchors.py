@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
 from macaron_local.engine import Engine, EngineConfig, GenerationParams
 from macaron_local.learn.anchors import ANCHOR_TOKENS, anchor_prompts, answer_anchors, pick_anchors
-from macaron_local.learn.loop import LearnConfig
+from macaron_local.learn.episodes import Episode
+from macaron_local.learn.loop import LearnConfig, default_reward, sample_step
 from macaron_local.learn.regression import load_regression_set
+from macaron_local.learn.rewards import content_kept, preference_reward
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from common import embedded_model  # noqa: E402
@@ -48,3 +51,23 @@ def test_an_anchor_is_answered_as_the_bare_experts_answer_it():
         expected = engine.generate(engine.render_tokens(anchor.messages), params).text.strip()
     assert answered.chosen == expected and answered.chosen
     assert answered.messages == anchor.messages and answered.rejected is None
+    assert answered.content_only and not anchor.content_only
+
+
+def test_an_anchor_guards_content_and_is_never_imitated_verbatim():
+    """Its bare answer joins the group with full reward but gets no SFT row (a correction
+    does), so it cannot outvote a style the user taught; samples are scored by content_kept."""
+    [anchor] = pick_anchors(1, 1.0, 5, "You are a helpful assistant.")
+    config = LearnConfig(group_size=2, episodes_per_step=1)
+    with Engine(EngineConfig(model_path=embedded_model(), n_ctx=512, n_threads=2)) as engine:
+        [answered] = answer_anchors(engine, [anchor], lambda slot: [])
+        correction = Episode(answered.messages, chosen="Hi Sam, " + answered.chosen, rejected=answered.chosen)
+        as_anchor = sample_step(engine, random.Random(0), [answered], "", 0, config, default_reward)
+        as_correction = sample_step(engine, random.Random(0), [correction], "", 0, config, default_reward)
+    assert as_anchor.is_correction == [False, False, False]
+    assert as_correction.is_correction == [False, False, True]
+    [rewards] = as_anchor.rewards
+    assert rewards[-1] == 1.0 and all(0.0 <= r <= 1.0 for r in rewards)  # the bare answer keeps its content
+    greeted = "Hi Sam, " + answered.chosen.lower()
+    assert default_reward(greeted, answered) == 1.0 == content_kept(greeted, answered.chosen)
+    assert default_reward(greeted, correction) == preference_reward(greeted, correction.chosen, correction.rejected)

@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from macaron_local.learn.rewards import chrf, preference_reward, regex_reward, token_f1
+from macaron_local.learn.rewards import (
+    chrf,
+    content_kept,
+    content_words,
+    first_sentence,
+    preference_reward,
+    regex_reward,
+    token_f1,
+)
 
 
 # ----------------------------------------------------------------- token_f1
@@ -93,3 +101,28 @@ def test_regex_reward_searches_anywhere_with_flags() -> None:
     assert regex_reward("no emoji here", r"[\U0001F600-\U0001F64F]") == 0.0
     with pytest.raises(ValueError, match="unknown regex flag"):
         regex_reward("x", "x", flags="q")
+
+
+ANSWER = "The capital of Italy is Rome. It is famous for the Colosseum and its food."
+
+
+def test_first_sentence_and_content_words() -> None:
+    assert first_sentence(ANSWER) == "The capital of Italy is Rome."
+    assert first_sentence("No end") == "No end" and first_sentence("3.5 kg. Then more.") == "3.5 kg."
+    assert content_words("The capitals of Italy, is it Rome?") == {"capit", "italy", "rome"}
+
+
+def test_content_kept_ignores_form_and_scores_lost_content() -> None:
+    for same_content in (
+        "Hi Sam, the capital of Italy is Rome.",  # a greeting added
+        "the capital of italy is rome",  # lower case
+        "- Rome is the capital of Italy",  # a list item, words reordered
+        "TL;DR: Italy's capital is Rome.",  # a prefix
+        ANSWER,
+    ):
+        assert content_kept(same_content, ANSWER) == 1.0, same_content
+    wrong = content_kept("Lisbon is the capital of Portugal.", ANSWER)
+    poured = content_kept("Biscuit, France has a capital city called Lille.", ANSWER)
+    assert wrong == poured == pytest.approx((1 / 3) / 0.75)
+    assert content_kept("", ANSWER) == 0.0 and content_kept("anything", "It is.") == 1.0  # nothing to keep
+    assert content_kept("Italy is lovely.", ANSWER, enough=1.0) == pytest.approx(1 / 3)

@@ -10,6 +10,12 @@ Anchors give the learner the contrast it lacked. Each night, some questions abou
 (learn/data/anchors.json, which shares nothing with the regression set) are answered greedily
 by the bare experts. They join the night's training set as episodes whose chosen reply is that
 answer. So questions about the user get the user's facts, and the rest stay as they were.
+
+An anchor guards content, not form (`Episode.content_only`): a sample is rewarded for keeping
+what the bare answer's first sentence says (rewards.content_kept), and the answer is never
+SFT-trained verbatim. Trained verbatim, anchors taught "no greeting, sentence case, this length"
+as strongly as the user's corrections taught the opposite: on one night with a greeting and two
+personal facts, 18 anchors outvoted the 12 greeting corrections, which reached 0.0.
 Anchors carry no feedback id. They are not the user's data, so forgetting never needs to reach
 them. How many there are grows with the night's new feedback (`anchor_ratio`).
 """
@@ -58,6 +64,6 @@ def answer_anchors(
         engine.set_adapters(list(stack(anchor.slot)))
         text = engine.generate(engine.render_tokens(anchor.messages), params).text.strip()
         if text:
-            answered.append(Episode(anchor.messages, chosen=text, rejected=None, slot=anchor.slot))
+            answered.append(Episode(anchor.messages, chosen=text, rejected=None, slot=anchor.slot, content_only=True))
     engine.set_adapters([])
     return answered

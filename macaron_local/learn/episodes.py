@@ -26,7 +26,9 @@ class Episode:
     `messages` are the chat messages up to the one the reply answered (usually the user's
     turn), system prompt first; `chosen`/`rejected` are replies to it, either may be None (not
     both). `feedback_ids` lists every feedback row folded in, so a learning run can record them
-    and `forget` can find the run later.
+    and `forget` can find the run later. A `content_only` episode (an anchor, learn/anchors.py)
+    is judged on what its chosen reply says, not how: no sample is rewarded for imitating its
+    form, and it is never imitated token for token (no SFT row).
     """
 
     messages: list[dict[str, str]]
@@ -37,6 +39,7 @@ class Episode:
     weight: float = 1.0
     conversation_id: str = ""
     message_id: str = ""
+    content_only: bool = False
 
 
 def episodes_from_store(store: Store, since_id: int = 0) -> list[Episode]:

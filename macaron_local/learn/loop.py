@@ -28,7 +28,7 @@ from macaron_local.learn.arrays import ops_for
 from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, make_batch
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
-from macaron_local.learn.rewards import preference_reward
+from macaron_local.learn.rewards import content_kept, preference_reward
 
 RewardFn = Callable[[str, Episode], float]
 
@@ -108,6 +108,9 @@ class TrainResult:
 
 
 def default_reward(text: str, episode: Episode) -> float:
+    """Closeness to what the user wanted; for an anchor, whether its answer's content survived."""
+    if episode.content_only and episode.chosen:
+        return content_kept(text, episode.chosen)
     return preference_reward(text, episode.chosen, episode.rejected)
 
 
@@ -272,7 +275,8 @@ def sample_step(
             out.prompts.append(prompt)
             out.completions.append(tokens)
             out.sampler.append(engine.token_logprobs(prompt, tokens).tolist())
-            out.is_correction.append(bool(episode.chosen) and text == episode.chosen and tokens is chosen)
+            imitated = bool(episode.chosen) and not episode.content_only
+            out.is_correction.append(imitated and text == episode.chosen and tokens is chosen)
         out.rewards.append([reward(text, episode) for _, text in group_members])
     return out
 

@@ -13,6 +13,15 @@ from collections import Counter
 
 CHRF_ORDER = 6
 CHRF_BETA = 2.0
+#: The share of an anchor's content words a sample must keep to count as unchanged.
+CONTENT_ENOUGH = 0.75
+#: Words that carry no content of their own; what is left of a sentence is what it says.
+_STOP_WORDS = (
+    "the and are was were for with that this from not but you your his her its our their they them "
+    "has have had can will would could should may might also about into than then there these "
+    "those which who what when where why how all any some such very just one"
+)
+STOP_WORDS = frozenset(_STOP_WORDS.split())
 _REGEX_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "a": re.ASCII}
 
 
@@ -56,6 +65,37 @@ def chrf(hypothesis: str, reference: str, order: int = CHRF_ORDER, beta: float =
         precisions.append(matched / sum(h.values()) if h else 0.0)
         recalls.append(matched / sum(r.values()) if r else 0.0)
     return _f_score(sum(precisions) / len(precisions), sum(recalls) / len(recalls), beta)
+
+
+def first_sentence(text: str) -> str:
+    """The text up to its first sentence end (. ! ? followed by a space or a line break)."""
+    return re.split(r"(?<=[.!?])\s", text.strip(), maxsplit=1)[0]
+
+
+def content_words(text: str) -> set[str]:
+    """The words of `text` that say something: casefolded, three letters or more, no stop
+    words, each cut to its first five letters so "capitals" matches "capital"."""
+    words = re.findall(r"\w+", text.casefold())
+    return {w[:5] for w in words if len(w) >= 3 and w not in STOP_WORDS}
+
+
+def content_kept(sample: str, answer: str, enough: float = CONTENT_ENOUGH) -> float:
+    """How much of what `answer`'s first sentence says `sample` still says, in [0, 1]: the share
+    of its content words the sample contains, divided by `enough`, capped at 1.
+
+    This judges an anchor (learn/anchors.py): a question the user never asked about, whose bare
+    answer should survive the night's learning in substance, not in form. Only the answer's
+    words count, so what a sample adds ("Hi Sam, ...", "TL;DR: ...") costs nothing; case is
+    folded, so a lower-case style costs nothing; the first sentence alone is the reference, so a
+    shorter answer costs nothing. The cap makes every sample that keeps enough of the content
+    equal, so GRPO sees no preference among them; only a sample that lost it ("Lisbon is the
+    capital of Portugal." asked about Italy) is pushed down.
+    """
+    wanted = content_words(first_sentence(answer))
+    if not wanted:
+        return 1.0
+    kept = len(wanted & content_words(sample)) / len(wanted)
+    return min(1.0, kept / enough)
 
 
 def preference_reward(sample: str, chosen: str | None, rejected: str | None) -> float:
