@@ -15,7 +15,8 @@ An anchor guards content, not form (`Episode.content_only`): a sample is rewarde
 what the bare answer's first sentence says (rewards.content_kept), and the answer is never
 SFT-trained verbatim. Trained verbatim, anchors taught "no greeting, sentence case, this length"
 as strongly as the user's corrections taught the opposite: on one night with a greeting and two
-personal facts, 18 anchors outvoted the 12 greeting corrections, which reached 0.0.
+personal facts, the greeting reached 0.0 of held-out replies; guarding content only, 0.625 and
+0.875 (two seeds), with both facts at 0.875 or more.
 Anchors carry no feedback id. They are not the user's data, so forgetting never needs to reach
 them. How many there are grows with the night's new feedback (`anchor_ratio`).
 """
