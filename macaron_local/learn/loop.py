@@ -271,11 +271,11 @@ def sample_step(
             tokens = done.tokens + ([done.stop_token] if done.stop_token is not None else [])
             members.append((tokens, done.text))
         group_members = [*members, (chosen, target or "")]
+        imitated = bool(episode.chosen) and not episode.content_only  # an anchor gets no SFT row
         for tokens, text in group_members:
             out.prompts.append(prompt)
             out.completions.append(tokens)
             out.sampler.append(engine.token_logprobs(prompt, tokens).tolist())
-            imitated = bool(episode.chosen) and not episode.content_only
             out.is_correction.append(imitated and text == episode.chosen and tokens is chosen)
         out.rewards.append([reward(text, episode) for _, text in group_members])
     return out
