@@ -5,8 +5,9 @@ For a scenario file (name, check {type: regex, pattern, flags}, train [{prompt, 
 heldout [prompt]):
 1. seed a fresh store (MACARON_HOME in a temp dir) with chats whose replies the model generated
    (each prompt routed to its expert as the chat routes it) and the user corrected as the
-   scenario says (`--ratings-only`: the user only rates sampled replies, +1 when the check
-   passes, -1 when not, and never writes a correction);
+   scenario says (`--ratings-only`: the user never writes a correction; it rates each reply,
+   +1 when the check passes, -1 when not, and regenerates it twice in the same conversation,
+   rating each new answer);
 2. run exactly the pass `macaron learn` runs (`learn_once` with the settings' `[learn]`
    config; flags override, and `config` in the JSON records what was used);
 3. score held-out prompts (greedy replies, each routed and served with what the chat would
@@ -102,17 +103,20 @@ def heldout_share(session: Session, stack, system_prompt: str, prompts: list[str
 
 
 def seed_feedback(session: Session, scenario: dict, check, ratings_only: bool) -> None:
-    """The simulated user: corrects each reply as the scenario says, or only rates replies."""
+    """The simulated user: corrects each reply as the scenario says, or (`ratings_only`) asks,
+    rates the reply +1 or -1 by the check, and regenerates it (sampled) up to
+    RATINGS_PER_PROMPT - 1 times in the same conversation, rating each answer, as a user who
+    never writes a correction does in the app."""
     for i, item in enumerate(scenario["train"]):
+        session.new_conversation()
+        reply = session.send(item["prompt"], params=GREEDY).wait()
         if not ratings_only:
-            session.new_conversation()
-            reply = session.send(item["prompt"], params=GREEDY).wait()
             session.correct(reply.message_id, item["correction"])
             continue
-        for k in range(RATINGS_PER_PROMPT):
-            session.new_conversation()
-            params = dataclasses.replace(GREEDY, temperature=0.0 if k == 0 else 1.0, seed=1000 * i + k)
-            reply = session.send(item["prompt"], params=params).wait()
+        session.rate(reply.message_id, 1 if check(reply.text) else -1)
+        for k in range(1, RATINGS_PER_PROMPT):
+            params = dataclasses.replace(GREEDY, temperature=1.0, seed=1000 * i + k)
+            reply = session.regenerate(reply.message_id, params=params).wait()
             session.rate(reply.message_id, 1 if check(reply.text) else -1)
 
 
@@ -231,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.ratings_only:  # the same signal, pasted: the replies the user liked, then disliked
         ordered = sorted(episodes, key=lambda e: e.chosen is None)
         items = [
-            f"When asked: {e.messages[-1]['content']}\n"
-            + (f"I liked: {e.chosen}" if e.chosen else f"I disliked: {e.rejected}")
+            "\n".join(
+                [f"When asked: {e.messages[-1]['content']}"]
+                + ([f"I liked: {e.chosen}"] if e.chosen else [])
+                + ([f"I disliked: {e.rejected}"] if e.rejected else [])
+            )
             for e in ordered
         ]
     else:

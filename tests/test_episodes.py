@@ -154,3 +154,40 @@ def test_since_id_selects_replies_with_new_feedback_and_folds_in_their_old_rows(
 def test_an_empty_store_has_no_episodes(store: Store) -> None:
     chat(store, ("Hi", "Hello."))
     assert episodes_from_store(store) == []
+
+
+def test_a_disliked_reply_and_a_liked_sibling_make_one_pair(store: Store) -> None:
+    (old,) = chat(store, ("Name a colour.", "Blue, the colour of the sky and the sea."), expert="L0")
+    cid = store.get_message(old).conversation_id
+    question = store.get_message(old).parent_id
+    down = store.add_feedback(old, "rating", value=-1)
+    regen = store.add_feedback(old, "regenerate")
+    new, _ = store.add_reply(cid, question, "Green.", turn("L0"))
+    up = store.add_feedback(new, "rating", value=1)
+    pair = only(episodes_from_store(store))
+    assert (pair.chosen, pair.rejected) == ("Green.", "Blue, the colour of the sky and the sea.")
+    assert pair.feedback_ids == sorted([down, regen, up]) and pair.message_id == old
+
+
+def test_every_disliked_sibling_pairs_with_the_latest_liked_one(store: Store) -> None:
+    (first,) = chat(store, ("Name a colour.", "Blue."), expert="L0")
+    cid = store.get_message(first).conversation_id
+    question = store.get_message(first).parent_id
+    store.add_feedback(first, "regenerate")
+    second, _ = store.add_reply(cid, question, "Red.", turn("L0"))
+    store.add_feedback(second, "rating", value=1)
+    third, _ = store.add_reply(cid, question, "Teal.", turn("L0"))
+    store.add_feedback(third, "rating", value=1)
+    fourth, _ = store.add_reply(cid, question, "Grey.", turn("L0"))
+    store.add_feedback(fourth, "rating", value=-1)
+    episodes = episodes_from_store(store)
+    pairs = [(e.chosen, e.rejected) for e in episodes]
+    assert pairs == [("Teal.", "Blue."), ("Red.", None), ("Teal.", "Grey.")]
+
+
+def test_ratings_in_different_conversations_stay_one_sided(store: Store) -> None:
+    (liked,) = chat(store, ("Name a colour.", "Green."), expert="L0")
+    (disliked,) = chat(store, ("Name a colour.", "Blue."), expert="L0")
+    store.add_feedback(liked, "rating", value=1)
+    store.add_feedback(disliked, "rating", value=-1)
+    assert [(e.chosen, e.rejected) for e in episodes_from_store(store)] == [("Green.", None), (None, "Blue.")]

@@ -5,12 +5,19 @@ and what the user said about the reply. A correction is the strongest signal (ch
 edit, rejected = the original), a rating is a one-sided label (KTO-style: +1 chosen, -1
 rejected), a regenerate is a weak negative. All feedback on one reply folds into one episode,
 so a reply rated and then corrected is not learned from twice with conflicting labels.
+
+Ratings of sibling replies pair up: when the user liked one answer to a question and disliked
+(or regenerated) another answer to the same question in the same conversation, the disliked
+one's episode takes the liked one as its chosen reply. A one-sided rating only says "more like
+this" or "not this"; a pair says which way to move, as a correction does, so a user who only
+rates and regenerates still teaches a direction. Pairs stay inside one conversation, so the
+gate's held-out conversations never lend a reply to a trained one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from macaron_local.store import Conversation, Feedback, FeedbackItem, Store
 
@@ -59,7 +66,32 @@ def episodes_from_store(store: Store, since_id: int = 0) -> list[Episode]:
         if cid not in conversations:
             conversations[cid] = store.get_conversation(cid)
         episodes.append(_episode(item, conversations[cid]))
-    return episodes
+    return pair_siblings(episodes)
+
+
+def pair_siblings(episodes: list[Episode]) -> list[Episode]:
+    """Join one-sided verdicts on sibling replies (same conversation, same question) into pairs:
+    each disliked reply gets the latest liked sibling as its chosen reply, and that liked
+    episode's feedback is folded in (it is learned as part of the pair, not again alone)."""
+    siblings: dict[tuple, list[int]] = {}
+    for index, episode in enumerate(episodes):
+        if (episode.chosen is None) != (episode.rejected is None):  # one-sided: a rating or a regenerate
+            key = (episode.conversation_id, episode.slot, repr(episode.messages))
+            siblings.setdefault(key, []).append(index)
+    absorbed: set[int] = set()
+    paired: dict[int, Episode] = {}
+    for members in siblings.values():
+        liked = [i for i in members if episodes[i].chosen is not None]
+        disliked = [i for i in members if episodes[i].rejected is not None]
+        if not liked or not disliked:
+            continue
+        best = episodes[liked[-1]]  # the latest liked reply is what the user settled on
+        for i in disliked:
+            episode = episodes[i]
+            ids = sorted({*episode.feedback_ids, *best.feedback_ids})
+            paired[i] = replace(episode, chosen=best.chosen, feedback_ids=ids, weight=1.0)
+        absorbed.add(liked[-1])
+    return [paired.get(i, e) for i, e in enumerate(episodes) if i not in absorbed]
 
 
 def _episode(item: FeedbackItem, conversation: Conversation) -> Episode:
