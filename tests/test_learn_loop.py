@@ -94,3 +94,53 @@ def test_down_votes_alone_push_away_from_the_disliked_reply(tiny, tmp_path):
         train(backend, engine, base, [*disliked, *liked], config, tmp_path)
         assert logprob(lambda r: r < 3) < down_before - 1.0
         assert logprob(lambda r: r == 3) > up_before
+
+
+def test_a_continued_night_is_held_to_where_it_started_not_to_the_base(tiny, tmp_path):
+    """Warm-started from a deployed version, the KL term measures tonight's change only: at the
+    first step the policy is the reference (KL 0), where a KL to the base would already pull
+    the earlier nights' lessons back. The swap that computes the reference restores the LoRA."""
+    import dataclasses
+
+    from macaron_local.learn.loop import logprobs_at
+
+    episodes = [Episode(messages=[{"role": "user", "content": "ab"}], chosen="ba ba", rejected="ab ab")]
+    backend = TorchBackend(lr=2e-2, threads=2)
+    backend.load(tiny.path)
+    backend.add_lora(rank=4, alpha=8.0)
+    rng = np.random.default_rng(0)
+    deployed = {
+        name: values if name.endswith("lora_A") else rng.normal(0.0, 0.2, values.shape)
+        for name, values in backend.lora_weights().items()
+    }
+    base = BaseModelInfo.from_gguf(tiny.path)
+    config = LearnConfig(steps=1, episodes_per_step=1, group_size=2, max_new_tokens=6, refresh_every=3, lr=2e-2)
+    first_kl = {}
+    with Engine(EngineConfig(model_path=tiny.path, n_ctx=256, n_threads=2)) as engine:
+        for reference in ("deployed", "base"):
+            for name, values in deployed.items():
+                backend.set_lora_weight(name, values)
+            result = train(
+                backend, engine, base, episodes, dataclasses.replace(config, kl_reference=reference), tmp_path
+            )
+            first_kl[reference] = result.steps[0].kl
+        pairs = [completion_tokens(engine, e.messages, e.chosen) for e in episodes]
+    assert abs(first_kl["deployed"]) < 1e-6 < 1e-3 < first_kl["base"]
+    batch = make_batch([p for p, _ in pairs], [c for _, c in pairs])
+    trained = backend.lora_weights()
+    at_deployed = logprobs_at(backend, batch, deployed)
+    assert all(np.array_equal(trained[n], v) for n, v in backend.lora_weights().items())
+    now = backend.to_numpy(backend.logprobs(batch))
+    assert not np.allclose(at_deployed, now)  # the swap really served the other weights
+
+
+def test_kl_reference_is_a_known_choice():
+    from macaron_local.learn.loop import kl_reference_weights
+
+    start = {"q.lora_A": np.ones((2, 3)), "q.lora_B": np.zeros((3, 2))}
+    assert kl_reference_weights(start, LearnConfig()) is None  # a fresh LoRA is the base
+    warm = {**start, "q.lora_B": np.ones((3, 2))}
+    assert kl_reference_weights(warm, LearnConfig()) is warm
+    assert kl_reference_weights(warm, LearnConfig(kl_reference="base")) is None
+    with pytest.raises(ValueError, match="kl_reference"):
+        kl_reference_weights(warm, LearnConfig(kl_reference="last"))

@@ -142,6 +142,8 @@ def learn_config(settings: Settings) -> LearnConfig:
     config = LearnConfig(**values)
     if config.trainer not in ("local", "tinker", "mint"):
         raise InvalidInputError(f'[learn] trainer must be "local", "tinker" or "mint" (got {config.trainer!r})')
+    if config.kl_reference not in ("deployed", "base"):
+        raise InvalidInputError(f'[learn] kl_reference must be "deployed" or "base" (got {config.kl_reference!r})')
     if config.steps < 1 or config.rank < 1 or config.lr <= 0:
         raise InvalidInputError("[learn] steps and rank must be >= 1 and lr > 0")
     return config

@@ -7,8 +7,10 @@ Each step, for a few episodes:
    sample (a personal fact, a house style) can still win the group;
 3. rewards: how much closer each member is to the correction than to the rejected reply;
 4. loss = clipped policy gradient with group-normalised advantages and truncated importance
-   weights against the sampler's log-probabilities + beta * KL to the base (LoRA off)
-   + sft_weight * NLL of the corrections.
+   weights against the sampler's log-probabilities + beta * KL to the reference
+   + sft_weight * NLL of the corrections. The reference is where the night started: the base
+   (LoRA off) on a first night, the deployed version on a night that continues it
+   (`kl_reference`), so the KL bounds tonight's change, not the sum of every night's.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ class LearnConfig:
     max_new_tokens: int = 48
     temperature: float = 0.9
     kl_beta: float = 0.1
+    # What the KL term holds the policy to: "deployed", the version tonight started from (base +
+    # the user's adapter: a night's trust region, so the KL does not pull earlier nights' lessons
+    # back to the base), or "base". The gate's regression checks always compare with the base.
+    kl_reference: str = "deployed"
     sft_weight: float = 1.0
     clip_eps: float = 0.2
     is_cap: float = 2.0
@@ -101,6 +107,7 @@ class TrainResult:
     trainer_tokens: int = 0
     trainer_seconds: float = 0.0
     rollout_seconds: float = 0.0
+    start: dict[str, np.ndarray] | None = None  # the LoRA before the first step (the warm start)
 
     @property
     def trainer_tokens_per_s(self) -> float:
@@ -191,7 +198,8 @@ def train(
     rng = random.Random(config.seed)
     groups, names = _groups(episodes, group_of)
     total = steps if steps is not None else config.steps
-    result = TrainResult()
+    result = TrainResult(start=backend.lora_weights())
+    reference = kl_reference_weights(result.start, config)
     rollout: AdapterHandle | None = None
     for step in range(total):
         if should_stop():
@@ -209,7 +217,7 @@ def train(
         engine.set_adapters([*frozen, *([rollout] if rollout else [])])
         sampled = sample_step(engine, rng, groups[expert_group], expert_group, step, config, reward)
         result.rollout_seconds += time.perf_counter() - started
-        _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step)
+        _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step, reference)
     engine.set_adapters(list(frozen))
     if rollout is not None:
         engine.unload_adapter(rollout)
@@ -290,13 +298,23 @@ def _learn_step(
     total: int,
     checkpoint_every: int,
     on_step: Callable[[StepLog], None] | None,
+    reference: dict[str, np.ndarray] | None = None,
 ) -> None:
-    """One optimizer step on `sampled`, logged (and checkpointed every `checkpoint_every`)."""
+    """One optimizer step on `sampled`, logged (and checkpointed every `checkpoint_every`).
+    `reference`: the LoRA weights the KL term holds the policy to (None: the base)."""
     step, rewards = sampled.step, sampled.rewards
     trained = time.perf_counter()
     batch = make_batch(sampled.prompts, sampled.completions)
     objective = grpo_objective(batch, sampled.sampler, rewards, sampled.is_correction, config, backend)
-    outcome = backend.train_step(batch, objective)
+    if reference is None:
+        outcome = backend.train_step(batch, objective)
+    else:
+        held_to = backend.asarray(logprobs_at(backend, batch, reference))
+
+        def against_reference(logp, _unused, mask):
+            return objective(logp, held_to, mask)
+
+        outcome = backend.train_step(batch, against_reference, with_reference=False)
     tokens = batch.n_tokens
     result.trainer_seconds += time.perf_counter() - trained
     result.trainer_tokens += tokens
@@ -316,6 +334,32 @@ def _learn_step(
         result.checkpoints.append(Checkpoint(step + 1, backend.lora_weights()))
     if on_step is not None:
         on_step(log)
+
+
+def kl_reference_weights(start: dict[str, np.ndarray] | None, config: LearnConfig) -> dict[str, np.ndarray] | None:
+    """The LoRA weights the KL term is taken against: tonight's starting point when the night
+    continues a deployed version and `config.kl_reference` is "deployed"; None (the base, the
+    backend's own reference) otherwise. A start whose B factors are all zero is the base."""
+    if config.kl_reference not in ("deployed", "base"):
+        raise ValueError(f'kl_reference must be "deployed" or "base" (got {config.kl_reference!r})')
+    if config.kl_reference == "base" or not start:
+        return None
+    if not any(np.any(v) for name, v in start.items() if name.endswith("lora_B")):
+        return None
+    return start
+
+
+def logprobs_at(backend: TrainerBackend, batch, weights: dict[str, np.ndarray]) -> np.ndarray:
+    """`batch`'s log-probabilities with the LoRA set to `weights`, as numpy (no step is taken,
+    and the LoRA's own weights are put back). With a stacked expert, the expert stays under it."""
+    current = backend.lora_weights()
+    try:
+        for name, values in weights.items():
+            backend.set_lora_weight(name, values)
+        return backend.to_numpy(backend.logprobs(batch))
+    finally:
+        for name, values in current.items():
+            backend.set_lora_weight(name, values)
 
 
 def sample_night(
@@ -362,12 +406,13 @@ def train_on_rollouts(
     already corrects for that: its importance ratio is taken against the sampler's recorded
     log-probabilities (truncated at `is_cap`, clipped at `clip_eps`), not against the trainer's
     own, so an off-policy sample is reweighted the same way as the correction in every group."""
-    result = TrainResult()
+    result = TrainResult(start=backend.lora_weights())
+    reference = kl_reference_weights(result.start, config)
     for sampled in night:
         if should_stop():
             break
         started = time.perf_counter()
         if underneath is not None:
             underneath(sampled.group)  # the group's expert stacked or folded into the trainer
-        _learn_step(backend, sampled, config, result, started, len(night), checkpoint_every, on_step)
+        _learn_step(backend, sampled, config, result, started, len(night), checkpoint_every, on_step, reference)
     return result

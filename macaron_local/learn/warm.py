@@ -3,8 +3,11 @@
 The deployed GGUF adapter is read back into the trainer's LoRA factors (the inverse of the
 PEFT -> GGUF export: the same gguf-py name map, llama's q/k rows un-permuted), so a night
 continues what the user already has instead of relearning it from zero on a sample of old
-episodes. The KL anchor stays the base (LoRA off): a stable reference, not last night.
-Only an adapter of the same rank and alpha can be continued; anything else starts from zero.
+episodes. The KL term then holds the night to where it started (`LearnConfig.kl_reference`,
+"deployed" by default): held to the base instead, every night pulled what earlier nights taught
+back toward the base, and replay had to win it back. The gate still compares with the base, a
+stable reference. Only an adapter of the same rank and alpha can be continued; anything else
+starts from zero.
 """
 
 from __future__ import annotations
