@@ -160,7 +160,7 @@ def test_every_candidate_is_recorded_and_the_best_passing_one_is_deployed(expert
         deployed = store.deployed_adapter(PERSONAL_SLOT, "tiny")
         assert (report.decision == "deployed") == bool(passed) == (deployed is not None)
         if passed:
-            best = max(passed, key=lambda c: c["heldout_reward_after"])
+            best = max(passed, key=lambda c: c["heldout_all_reward_after"])
             assert deployed.evaluations["candidate"]["name"] == best["name"] == run.metrics["chosen"]
             assert sum(v.status == "deployed" for v in versions) == 1
 

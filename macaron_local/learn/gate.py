@@ -80,6 +80,12 @@ class Scores:
     def old_mean(self) -> float:
         return statistics.fmean(self.held_old) if self.held_old else 0.0
 
+    @property
+    def all_mean(self) -> float:
+        """Every held-out episode, new and earlier nights' alike: what a candidate is chosen on."""
+        pooled = [*self.held_new, *self.held_old]
+        return statistics.fmean(pooled) if pooled else 0.0
+
 
 def score(
     engine: Engine,
@@ -108,6 +114,7 @@ def verdict(candidate: Scores, current: Scores, reference: RegressionScore) -> t
         "old_heldout_episodes": len(candidate.held_old),
         "old_heldout_reward_before": round(current.old_mean, 4),
         "old_heldout_reward_after": round(candidate.old_mean, 4),
+        "heldout_all_reward_after": round(candidate.all_mean, 4),
         "regression_nll_reference": round(reference.passage_nll, 4),
         "regression_nll_delta": round(nll_delta, 4),
         "regression_qa_reference": reference.qa_right,

@@ -9,10 +9,11 @@ candidate the way the user is served.
 
 When the gate rejects the trained candidate the run backs off instead of giving up, cheapest
 first, within `config.backoff_s` seconds: the run's own earlier checkpoints (newest first),
-the final update at half strength (a smaller step along the same direction), then one retrain
-at half the learning rate with four times the KL anchor. The best candidate that passes every
-check (highest held-out reward) is deployed. Every candidate tried is registered (rejected
-ones as `rejected`) with its evaluations, and listed in the run's record with its reasons.
+tonight's update at half strength (halfway from where the night started), then one retrain at
+half the learning rate with four times the KL anchor. The best candidate that passes every
+check (highest reward on all held-out feedback, tonight's and earlier nights') is deployed.
+Every candidate tried is registered (rejected ones as `rejected`) with its evaluations, and
+listed in the run's record with its reasons.
 """
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ class Candidate:
     figures: dict = field(default_factory=dict)
     file: Path | None = None
     version_id: str | None = None
+    origin: dict[str, np.ndarray] | None = None  # where the night started (None: from zero)
+
+    def served_weights(self) -> dict[str, np.ndarray]:
+        """The LoRA this candidate serves: the trained weights, or at `scale` < 1 the point that
+        far along the night's path from its `origin`, so a half-strength back-off halves only what
+        tonight changed, never what earlier nights taught (scaling the whole warm-started adapter
+        halved night 1's greeting). An origin whose B factors are all zero serves no update: its
+        A is taken as the end's, and the candidate is then exactly `scale` x the update."""
+        if self.scale == 1.0:
+            return self.weights
+        warm = self.origin and any(np.any(v) for k, v in self.origin.items() if k.endswith("lora_B"))
+        origin = self.origin if warm else {}
+        served = {}
+        for name, end in self.weights.items():
+            start = origin.get(name)
+            if start is None:
+                start = np.zeros_like(end) if name.endswith("lora_B") else end
+            served[name] = (start + np.float32(self.scale) * (end - start)).astype(end.dtype)
+        return served
 
     def summary(self) -> dict:
         return {
@@ -159,9 +179,9 @@ class Experts:
         return self._deltas[path]
 
 
-def _set_weights(backend, weights: dict[str, np.ndarray], scale: float = 1.0) -> None:
+def _set_weights(backend, weights: dict[str, np.ndarray]) -> None:
     for name, values in weights.items():
-        backend.set_lora_weight(name, values * scale if name.endswith("lora_B") else values)
+        backend.set_lora_weight(name, values)
 
 
 def learn_personal(
@@ -247,7 +267,7 @@ def learn_personal(
         samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
 
         def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
-            _set_weights(backend, candidate.weights, candidate.scale)
+            _set_weights(backend, candidate.served_weights())
             file = export_gguf(
                 backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
             )
@@ -290,11 +310,13 @@ def _interrupted(store: Store, plan: NightPlan, result: TrainResult) -> SlotRepo
 
 def _fallbacks(result: TrainResult, final: Candidate, config: LearnConfig) -> list[Candidate]:
     """The cheap back-off candidates, in the order they are judged: the run's checkpoints
-    (newest first), then the final update at half strength."""
+    (newest first), then tonight's update at half strength (halfway from where it started)."""
     fallbacks = [
         Candidate(f"step-{c.step}", c.step, config.lr, config.kl_beta, c.weights) for c in reversed(result.checkpoints)
     ]
-    fallbacks.append(Candidate("final-half", final.step, config.lr, config.kl_beta, final.weights, HALF))
+    fallbacks.append(
+        Candidate("final-half", final.step, config.lr, config.kl_beta, final.weights, HALF, origin=result.start)
+    )
     return fallbacks
 
 
@@ -357,7 +379,9 @@ def _gate_and_record(
             and time.perf_counter() + train_wall + judge_s <= budget_end
         ):
             tried.append(judge(retrain()))
-    best = max((c for c in tried if c.passed), key=lambda c: c.figures["heldout_reward_after"], default=None)
+    # The best for the user is the best on everything held out: tonight's feedback and what
+    # earlier nights taught (choosing on tonight's alone preferred a candidate that forgot more).
+    best = max((c for c in tried if c.passed), key=lambda c: c.figures["heldout_all_reward_after"], default=None)
     chosen = best or final
     decision = "deployed" if best else "rejected"
     if best:
@@ -506,7 +530,7 @@ def _learn_sequential(
         final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
         prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
         for candidate in [final, *_fallbacks(result, final, config)]:
-            _set_weights(backend, candidate.weights, candidate.scale)
+            _set_weights(backend, candidate.served_weights())
             file = export_gguf(
                 backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
             )
