@@ -7,7 +7,8 @@ corrections the simulated user makes that day. After the night's real learning p
 is scored on its held-out prompts (greedy replies, routed and served as the chat serves them).
 
 Output: {"before": {name: share}, "nights": [{"scenarios": [names], "wall_s": s,
-"shares": {name: share}, "decisions": [per slot: decision, reason, candidates tried]}, ...]}.
+"shares": {name: share}, "decisions": [per slot: decision, reason, candidates tried with their
+gate figures]}, ...]}.
 Each night's decision also goes to stderr.
 
 Target: two nights with different scenarios keep night 1's share within 0.1 of its value
@@ -89,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         decisions = []
         for r in reports:
             print(f"night {len(report['nights']) + 1}: {r.slot} {r.decision}: {r.reason}", file=sys.stderr)
+            figures = ("heldout_reward_after", "old_heldout_reward_after", "regression_nll_delta")
+            figures += ("regression_qa_after",)
             candidates = [
                 {"name": c.get("name"), "passed": c.get("passed"), "reasons": c.get("reasons", [])}
+                | {k: c.get(k) for k in figures}
                 for c in (r.metrics or {}).get("candidates", [])
             ]
             decisions.append({"slot": r.slot, "decision": r.decision, "reason": r.reason, "candidates": candidates})
