@@ -59,6 +59,7 @@ class TorchBackend:
         self.optimizer = None
         self.quantization: str | None = None
         self.expert_source: Path | None = None
+        self._lora_params: dict | None = None  # short name -> the personal LoRA's parameter
 
     @property
     def stacks_experts(self) -> bool:
@@ -140,6 +141,7 @@ class TorchBackend:
         targets = personal_targets(self._config().model_type)
         config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none")
         self.model = get_peft_model(self.model, config)
+        self._lora_params = None
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.torch.optim.AdamW(trainable, lr=self.lr, weight_decay=0.0)
 
@@ -150,6 +152,7 @@ class TorchBackend:
         source = Path(source) if source is not None else None
         if source == self.expert_source:
             return
+        self._lora_params = None
         if EXPERT in self.model.peft_config:
             self._activate(PERSONAL)
             self.model.delete_adapter(EXPERT)
@@ -258,12 +261,14 @@ class TorchBackend:
         return {self._short(n): p.detach().double().cpu().numpy() for n, p in named if p.requires_grad}
 
     def set_lora_weight(self, name: str, values: np.ndarray) -> None:
-        for full, param in self.model.named_parameters():
-            if param.requires_grad and self._short(full) == name:
-                with self.torch.no_grad():
-                    param.copy_(self.torch.as_tensor(np.asarray(values), dtype=param.dtype))
-                return
-        raise KeyError(name)
+        """By name through a map built once: the KL reference swaps every LoRA tensor twice a
+        step on a continued night, and a scan of all parameters per tensor was quadratic."""
+        if self._lora_params is None:
+            named = self.model.named_parameters()
+            self._lora_params = {self._short(n): p for n, p in named if p.requires_grad}
+        param = self._lora_params[name]
+        with self.torch.no_grad():
+            param.copy_(self.torch.as_tensor(np.asarray(values), dtype=param.dtype))
 
     def step(self, loss) -> float:
         """Backpropagate an already computed loss and step (a plain training loop's step)."""
