@@ -261,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         "feedback": "ratings" if args.ratings_only else "corrections",
         "prompt_memory_items": f"{kept} of {len(items)} (what fits the context)",
         "train_examples": len(scenario["train"]),
+        "episodes": {  # what the learner was given: pairs, lone likes, lone dislikes
+            "pairs": sum(1 for e in episodes if e.chosen and e.rejected),
+            "liked": sum(1 for e in episodes if e.chosen and not e.rejected),
+            "disliked": sum(1 for e in episodes if e.rejected and not e.chosen),
+        },
         "heldout_prompts": len(scenario["heldout"]),
         "routed_to": routed,
         "before": before,
