@@ -342,11 +342,20 @@ def kl_reference_weights(start: dict[str, np.ndarray] | None, config: LearnConfi
     backend's own reference) otherwise. A start whose B factors are all zero is the base."""
     if config.kl_reference not in ("deployed", "base"):
         raise ValueError(f'kl_reference must be "deployed" or "base" (got {config.kl_reference!r})')
-    if config.kl_reference == "base" or not start:
-        return None
-    if not any(np.any(v) for name, v in start.items() if name.endswith("lora_B")):
+    if config.kl_reference == "base" or not adapts(start):
         return None
     return start
+
+
+def adapts(weights: dict[str, np.ndarray] | None) -> bool:
+    """Whether LoRA `weights` change the model at all: a LoRA whose B factors are all zero (a
+    fresh one) serves the base, whatever its A."""
+    return bool(weights) and any(np.any(v) for name, v in weights.items() if name.endswith("lora_B"))
+
+
+def set_lora_weights(backend: TrainerBackend, weights: dict[str, np.ndarray]) -> None:
+    for name, values in weights.items():
+        backend.set_lora_weight(name, values)
 
 
 def logprobs_at(backend: TrainerBackend, batch, weights: dict[str, np.ndarray]) -> np.ndarray:
@@ -354,12 +363,10 @@ def logprobs_at(backend: TrainerBackend, batch, weights: dict[str, np.ndarray]) 
     and the LoRA's own weights are put back). With a stacked expert, the expert stays under it."""
     current = backend.lora_weights()
     try:
-        for name, values in weights.items():
-            backend.set_lora_weight(name, values)
+        set_lora_weights(backend, weights)
         return backend.to_numpy(backend.logprobs(batch))
     finally:
-        for name, values in current.items():
-            backend.set_lora_weight(name, values)
+        set_lora_weights(backend, current)
 
 
 def sample_night(

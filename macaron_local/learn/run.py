@@ -40,8 +40,10 @@ from macaron_local.learn.loop import (
     LearnConfig,
     StepLog,
     TrainResult,
+    adapts,
     completion_tokens,
     sample_night,
+    set_lora_weights,
     train,
     train_on_rollouts,
 )
@@ -98,8 +100,7 @@ class Candidate:
         A is taken as the end's, and the candidate is then exactly `scale` x the update."""
         if self.scale == 1.0:
             return self.weights
-        warm = self.origin and any(np.any(v) for k, v in self.origin.items() if k.endswith("lora_B"))
-        origin = self.origin if warm else {}
+        origin = self.origin if adapts(self.origin) else {}
         served = {}
         for name, end in self.weights.items():
             start = origin.get(name)
@@ -179,11 +180,6 @@ class Experts:
         return self._deltas[path]
 
 
-def _set_weights(backend, weights: dict[str, np.ndarray]) -> None:
-    for name, values in weights.items():
-        backend.set_lora_weight(name, values)
-
-
 def learn_personal(
     store: Store,
     catalog: Catalog,
@@ -245,7 +241,6 @@ def learn_personal(
         experts = Experts(engine, catalog, manifest, base)
         plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
         backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, experts)
-        initial = backend.lora_weights()
         result = train(
             backend,
             engine,
@@ -267,14 +262,14 @@ def learn_personal(
         samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
 
         def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
-            _set_weights(backend, candidate.served_weights())
+            set_lora_weights(backend, candidate.served_weights())
             file = export_gguf(
                 backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
             )
             return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE)
 
         def retrain() -> Candidate:
-            return _retrain(backend, engine, base, plan, config, workdir, experts, initial)
+            return _retrain(backend, engine, base, plan, config, workdir, experts, result.start)
 
         return _gate_and_record(
             store, manifest, engine, experts, plan, config, deployed, result, backend.lora_weights(), started,
@@ -530,7 +525,7 @@ def _learn_sequential(
         final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
         prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
         for candidate in [final, *_fallbacks(result, final, config)]:
-            _set_weights(backend, candidate.served_weights())
+            set_lora_weights(backend, candidate.served_weights())
             file = export_gguf(
                 backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
             )
@@ -572,7 +567,7 @@ def _free_accelerator_cache() -> None:
 def _retrain(backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial) -> Candidate:
     """The last fallback: the night again from its start, half the step size, 4x the KL anchor."""
     gentler = dataclasses.replace(config, lr=config.lr / 2, kl_beta=config.kl_beta * 4, seed=config.seed + 1)
-    _set_weights(backend, initial)
+    set_lora_weights(backend, initial)
     backend.reset_optimizer(gentler.lr)
     result = train(
         backend,
