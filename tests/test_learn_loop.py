@@ -144,3 +144,67 @@ def test_kl_reference_is_a_known_choice():
     assert kl_reference_weights(warm, LearnConfig(kl_reference="base")) is None
     with pytest.raises(ValueError, match="kl_reference"):
         kl_reference_weights(warm, LearnConfig(kl_reference="last"))
+
+
+def test_passages_in_the_batch_hold_plain_text_to_the_base(tiny, tmp_path):
+    """The same night with and without the passage term (learn/passages.py): with it, the
+    passages' log-probabilities stay closer to the bare model's, the step logs the term, and
+    the corrections are still learned."""
+    from macaron_local.learn.passages import PassageGuard, passage_tokens
+
+    episodes = [
+        Episode(messages=[{"role": "user", "content": "ab"}], chosen="ba ba", rejected="ab ab"),
+        Episode(messages=[{"role": "user", "content": "cd"}], chosen="dc dc", rejected="cd cd"),
+    ]
+    backend = TorchBackend(lr=3e-2, threads=2)
+    backend.load(tiny.path)
+    backend.add_lora(rank=4, alpha=8.0)
+    start = backend.lora_weights()
+    base = BaseModelInfo.from_gguf(tiny.path)
+    config = LearnConfig(steps=10, episodes_per_step=2, group_size=2, max_new_tokens=6, refresh_every=5, lr=3e-2)
+    with Engine(EngineConfig(model_path=tiny.path, n_ctx=256, n_threads=2)) as engine:
+        texts = ["xyz wvu xyz", "qrs tuv qrs tuv", "mno pq mno", "zyx uvw zyx"]
+        tokens = passage_tokens(engine, texts)
+        plain = make_batch([t[:1] for t in tokens], [t[1:] for t in tokens])
+        chosen = make_batch(*zip(*[completion_tokens(engine, e.messages, e.chosen) for e in episodes], strict=True))
+        bare_plain = backend.to_numpy(backend.reference_logprobs(plain)).sum()
+        bare_chosen = backend.to_numpy(backend.reference_logprobs(chosen)).sum()
+        lost, learned, logged = {}, {}, {}
+        for guarded in (False, True):
+            for name, values in start.items():
+                backend.set_lora_weight(name, values)
+            backend.reset_optimizer(config.lr)
+            guard = PassageGuard(tokens, per_step=2, weight=4.0) if guarded else None
+            logs = []
+            train(backend, engine, base, episodes, config, tmp_path, passages=guard, on_step=logs.append)
+            lost[guarded] = bare_plain - backend.to_numpy(backend.logprobs(plain)).sum()
+            learned[guarded] = backend.to_numpy(backend.logprobs(chosen)).sum() - bare_chosen
+            logged[guarded] = [log.passages for log in logs]
+    assert lost[False] > 0.5  # the corrections alone move plain text away from the base
+    assert lost[True] < 0.5 * lost[False]
+    assert learned[True] > 1.0 and learned[False] > 1.0
+    # at the first step the policy is the base: nothing lost yet (up to float32 rounding)
+    assert logged[False] == [0.0] * 10 and logged[True][0] < 1e-5 < max(logged[True])
+
+
+def test_a_passage_guard_rotates_and_scores_its_reference_once_per_expert_group(tiny):
+    from macaron_local.learn.passages import PassageGuard
+
+    guard = PassageGuard([[0, 5, 6], [0, 7], [0, 8, 9, 10], [0]], per_step=2, weight=1.0)
+    assert len(guard.tokens) == 3  # a passage of one token has nothing to score
+    assert [guard.indices(s) for s in range(3)] == [[0, 1], [2, 0], [1, 2]]
+    assert guard.rows(1) == ([[0], [0]], [[8, 9, 10], [5, 6]])
+    assert PassageGuard([[0, 5]], per_step=2, weight=0.0).per_step == 0  # weight 0: no rows at all
+
+    backend = TorchBackend(threads=2)
+    backend.load(tiny.path)
+    backend.add_lora(rank=2)
+    calls = []
+    scored = backend.reference_logprobs
+    backend.reference_logprobs = lambda batch: calls.append(batch) or scored(batch)
+    first = guard._reference_for(backend, "", 2)
+    again = guard._reference_for(backend, "", 2)
+    guard._reference_for(backend, "L2", 2)
+    assert len(calls) == 2 and first is again and first.shape == (3,)
+    expected = backend.to_numpy(scored(make_batch([[0]], [[8, 9, 10]])))[0][:3]
+    np.testing.assert_allclose(first, expected)

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from macaron_local.learn.losses import (  # noqa: E402
     dpo_loss,
+    excess_nll,
     group_advantages,
     kl_to_reference,
     policy_gradient_loss,
@@ -219,6 +220,29 @@ def test_sft_is_the_mean_nll_over_valid_tokens() -> None:
     assert sft_loss(logp, mask).item() == pytest.approx(2.0)
     grad = grad_of(lambda lp: sft_loss(lp, mask), logp)
     np.testing.assert_allclose(grad.numpy(), -mask.numpy() / 3)
+
+
+# ----------------------------------------------------------------- excess_nll
+def test_excess_nll_counts_only_what_the_policy_lost_against_the_reference() -> None:
+    ref = t([[-1.0, -2.0, -3.0], [-0.5, -9.0, -9.0]])
+    logp = t([[-1.5, -1.0, -3.0], [-2.5, 50.0, -100.0]])  # lost 0.5, gained 1, equal; lost 2; padding
+    mask = t([[1, 1, 1], [1, 0, 0]])
+    assert excess_nll(logp, ref, mask).item() == pytest.approx((0.5 + 0.0 + 0.0 + 2.0) / 4)
+    grad = grad_of(lambda lp: excess_nll(lp, ref, mask), logp)
+    # a lost token is pulled back up (descent raises logp); a gained or padded one is left alone
+    np.testing.assert_allclose(grad.numpy(), [[-0.25, 0.0, 0.0], [-0.25, 0.0, 0.0]])
+
+
+def test_excess_nll_at_the_reference_is_zero_with_zero_gradient_and_the_reference_is_detached() -> None:
+    """On a night's first step the policy is the reference on every passage token: the term must
+    not start out as plain NLL (a clip's subgradient at 0 would make it one)."""
+    ref = t([[-1.0, -2.0]], grad=True)
+    logp = t([[-1.0, -2.0]], grad=True)
+    loss = excess_nll(logp, ref, t([[1, 1]]))
+    loss.backward()
+    assert loss.item() == 0.0
+    assert ref.grad is None
+    assert not logp.grad.any()
 
 
 # ----------------------------------------------------------------- dpo_loss

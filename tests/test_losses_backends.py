@@ -27,6 +27,7 @@ CASES = {
     "policy_gradient": lambda x, a, m, o, s, r: losses.policy_gradient_loss(x, o, a, m, 0.2, sampler_logp=s),
     "kl": lambda x, a, m, o, s, r: losses.kl_to_reference(x, r, m),
     "sft": lambda x, a, m, o, s, r: losses.sft_loss(x, m),
+    "excess_nll": lambda x, a, m, o, s, r: losses.excess_nll(x, r, m),
     "dpo": lambda x, a, m, o, s, r: losses.dpo_loss(x.sum(-1), o.sum(-1), r.sum(-1), s.sum(-1)),
     "importance_weighted_sum": lambda x, a, m, o, s, r: (x * losses.truncated_importance_weight(x, s, m)).sum(),
 }

@@ -146,4 +146,6 @@ def learn_config(settings: Settings) -> LearnConfig:
         raise InvalidInputError(f'[learn] kl_reference must be "deployed" or "base" (got {config.kl_reference!r})')
     if config.steps < 1 or config.rank < 1 or config.lr <= 0:
         raise InvalidInputError("[learn] steps and rank must be >= 1 and lr > 0")
+    if config.passage_weight < 0 or config.passages_per_step < 0:
+        raise InvalidInputError("[learn] passage_weight and passages_per_step must be >= 0")
     return config

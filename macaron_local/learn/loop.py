@@ -30,6 +30,7 @@ from macaron_local.learn.arrays import ops_for
 from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, make_batch
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
+from macaron_local.learn.passages import PassageGuard, first_rows
 from macaron_local.learn.rewards import content_kept, preference_reward
 
 RewardFn = Callable[[str, Episode], float]
@@ -66,6 +67,10 @@ class LearnConfig:
     # "Answer as before" episodes on everyday questions per new episode (learn/anchors.py):
     # without them a night that taught personal facts poured them into every answer.
     anchor_ratio: float = 0.5
+    # Plain-text passages scored each step and held to the bare experts (learn/passages.py):
+    # the gate's passage NLL limit is against the base, and chat replies alone never see plain text.
+    passage_weight: float = 1.0
+    passages_per_step: int = 2
     # Start from the deployed personal version's weights (same rank and alpha), not from zero.
     warm_start: bool = True
     # When the gate rejects, the seconds the run may spend on cheaper alternatives (learn.backoff).
@@ -90,6 +95,7 @@ class StepLog:
     trainer_tokens: int
     seconds: float
     total: int = 0  # the steps this run plans (a night's size follows its new feedback)
+    passages: float = 0.0  # the plain-text term (learn/passages.py), before its weight
 
 
 @dataclass
@@ -185,6 +191,7 @@ def train(
     underneath: Callable[[str], Sequence[AdapterHandle]] | None = None,
     group_of: Callable[[Episode], str] = lambda e: "",
     checkpoint_every: int = 0,
+    passages: PassageGuard | None = None,
 ) -> TrainResult:
     """Train the backend's LoRA on `episodes` for `steps` (default `config.steps`); the engine
     samples under `frozen` (the expert) plus the current rollout adapter.
@@ -217,7 +224,7 @@ def train(
         engine.set_adapters([*frozen, *([rollout] if rollout else [])])
         sampled = sample_step(engine, rng, groups[expert_group], expert_group, step, config, reward)
         result.rollout_seconds += time.perf_counter() - started
-        _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step, reference)
+        _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step, reference, passages)
     engine.set_adapters(list(frozen))
     if rollout is not None:
         engine.unload_adapter(rollout)
@@ -299,13 +306,20 @@ def _learn_step(
     checkpoint_every: int,
     on_step: Callable[[StepLog], None] | None,
     reference: dict[str, np.ndarray] | None = None,
+    guard: PassageGuard | None = None,
 ) -> None:
     """One optimizer step on `sampled`, logged (and checkpointed every `checkpoint_every`).
-    `reference`: the LoRA weights the KL term holds the policy to (None: the base)."""
+    `reference`: the LoRA weights the KL term holds the policy to (None: the base). `guard`:
+    plain-text passages scored in the same batch, held to the bare experts (learn/passages.py)."""
     step, rewards = sampled.step, sampled.rewards
     trained = time.perf_counter()
-    batch = make_batch(sampled.prompts, sampled.completions)
-    objective = grpo_objective(batch, sampled.sampler, rewards, sampled.is_correction, config, backend)
+    rows = len(sampled.prompts)
+    extra_prompts, extra_completions = guard.rows(step) if guard is not None else ([], [])
+    batch = make_batch([*sampled.prompts, *extra_prompts], [*sampled.completions, *extra_completions])
+    samples = first_rows(batch, rows)
+    objective = grpo_objective(samples, sampled.sampler, rewards, sampled.is_correction, config, backend)
+    if extra_prompts:
+        objective = guard.guard(objective, backend, batch, rows, step, sampled.group)
     if reference is None:
         outcome = backend.train_step(batch, objective)
     else:
@@ -324,6 +338,7 @@ def _learn_step(
         policy=outcome.parts["policy"],
         kl=outcome.parts["kl"],
         sft=outcome.parts["sft"],
+        passages=outcome.parts.get("passages", 0.0),
         reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
         trainer_tokens=tokens,
         seconds=time.perf_counter() - started,
@@ -407,6 +422,7 @@ def train_on_rollouts(
     should_stop: Callable[[], bool] = lambda: False,
     underneath: Callable[[str], object] | None = None,
     checkpoint_every: int = 0,
+    passages: PassageGuard | None = None,
 ) -> TrainResult:
     """The sequential plan's second phase: the trainer steps on rollouts sampled before it was
     loaded (the engine is closed meanwhile). They grow stale as the LoRA moves; the loss
@@ -421,5 +437,7 @@ def train_on_rollouts(
         started = time.perf_counter()
         if underneath is not None:
             underneath(sampled.group)  # the group's expert stacked or folded into the trainer
-        _learn_step(backend, sampled, config, result, started, len(night), checkpoint_every, on_step, reference)
+        _learn_step(
+            backend, sampled, config, result, started, len(night), checkpoint_every, on_step, reference, passages
+        )
     return result

@@ -169,3 +169,21 @@ def dpo_loss(
     ops = ops_for(chosen_logp)
     margin = (chosen_logp - ops.stop_gradient(ref_chosen_logp)) - (rejected_logp - ops.stop_gradient(ref_rejected_logp))
     return -ops.log_sigmoid(beta * margin).mean()
+
+
+def excess_nll(logp: Array, logp_ref: Array, mask: Array) -> Array:
+    """How much less likely the policy makes text than the reference does, token mean:
+
+        loss_t = max(0, logp_ref_t - logp_t)
+
+    On plain text the user never wrote (learn/passages.py), taken against the bare experts: a
+    token the adapter made less likely costs what it lost, and one it made more likely costs
+    nothing. The one-sided form keeps the language model where it was without rewarding the
+    adapter for memorising the passages (plain NLL would). The reference is detached.
+    """
+    ops = ops_for(logp)
+    valid = _valid(mask)
+    lost = ops.where(valid, ops.stop_gradient(logp_ref) - logp, ops.zeros_like(logp))
+    # where, not clip: at exactly the reference (every token, on a night's first step) the
+    # subgradient must be 0, or the term starts out as plain NLL on the passages
+    return _token_mean(ops.where(lost > 0, lost, ops.zeros_like(lost)), mask)

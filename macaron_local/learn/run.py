@@ -48,6 +48,7 @@ from macaron_local.learn.loop import (
     train_on_rollouts,
 )
 from macaron_local.learn.memory_plan import nightly_mode
+from macaron_local.learn.passages import PassageGuard, passage_tokens
 from macaron_local.learn.personal import PERSONAL_SLOT
 from macaron_local.learn.plan import NightPlan, plan_night, planned_steps
 from macaron_local.learn.stacking import expert_trainer_source, stacked_source
@@ -240,6 +241,7 @@ def learn_personal(
     ):
         experts = Experts(engine, catalog, manifest, base)
         plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
+        guard = _passage_guard(engine, config)
         backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, experts)
         result = train(
             backend,
@@ -254,6 +256,7 @@ def learn_personal(
             underneath=experts.underneath,
             group_of=experts.group,
             checkpoint_every=config.refresh_every,
+            passages=guard,
         )
         if len(result.steps) < plan.steps:
             return _interrupted(store, plan, result)
@@ -269,7 +272,7 @@ def learn_personal(
             return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE)
 
         def retrain() -> Candidate:
-            return _retrain(backend, engine, base, plan, config, workdir, experts, result.start)
+            return _retrain(backend, engine, base, plan, config, workdir, experts, result.start, guard)
 
         return _gate_and_record(
             store, manifest, engine, experts, plan, config, deployed, result, backend.lora_weights(), started,
@@ -475,6 +478,7 @@ def _learn_sequential(
         with open_engine(engine_config, engine_settings(catalog.settings)) as engine:
             experts = Experts(engine, catalog, manifest, base)
             plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
+            guard = _passage_guard(engine, config)
             night, rollout_s = sample_night(
                 engine,
                 plan.train,
@@ -514,6 +518,7 @@ def _learn_sequential(
             should_stop=should_stop,
             underneath=trainer_experts.underneath,
             checkpoint_every=config.refresh_every,
+            passages=guard,
         )
         result.rollout_seconds = rollout_s
         phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
@@ -564,7 +569,14 @@ def _free_accelerator_cache() -> None:
         mx.clear_cache()
 
 
-def _retrain(backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial) -> Candidate:
+def _passage_guard(engine, config: LearnConfig) -> PassageGuard:
+    """The plain-text passages every step keeps the model on (tokenized while the engine is open)."""
+    return PassageGuard(passage_tokens(engine), config.passages_per_step, config.passage_weight)
+
+
+def _retrain(
+    backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial, guard=None
+) -> Candidate:
     """The last fallback: the night again from its start, half the step size, 4x the KL anchor."""
     gentler = dataclasses.replace(config, lr=config.lr / 2, kl_beta=config.kl_beta * 4, seed=config.seed + 1)
     set_lora_weights(backend, initial)
@@ -579,6 +591,7 @@ def _retrain(backend, engine, base, plan: NightPlan, config: LearnConfig, workdi
         steps=plan.steps,
         underneath=experts.underneath,
         group_of=experts.group,
+        passages=guard,
     )
     experts.underneath("")
     return Candidate("retrain-gentler", len(result.steps), gentler.lr, gentler.kl_beta, backend.lora_weights())
