@@ -156,13 +156,17 @@ def test_an_empty_store_has_no_episodes(store: Store) -> None:
     assert episodes_from_store(store) == []
 
 
+def answers(store: Store, question: str, *replies: str) -> list[int]:
+    """One question in one conversation, answered by each of `replies` in turn (regenerations)."""
+    (first,) = chat(store, (question, replies[0]), expert="L0")
+    cid, parent = store.get_message(first).conversation_id, store.get_message(first).parent_id
+    return [first, *(store.add_reply(cid, parent, reply, turn("L0"))[0] for reply in replies[1:])]
+
+
 def test_a_disliked_reply_and_a_liked_sibling_make_one_pair(store: Store) -> None:
-    (old,) = chat(store, ("Name a colour.", "Blue, the colour of the sky and the sea."), expert="L0")
-    cid = store.get_message(old).conversation_id
-    question = store.get_message(old).parent_id
+    old, new = answers(store, "Name a colour.", "Blue, the colour of the sky and the sea.", "Green.")
     down = store.add_feedback(old, "rating", value=-1)
     regen = store.add_feedback(old, "regenerate")
-    new, _ = store.add_reply(cid, question, "Green.", turn("L0"))
     up = store.add_feedback(new, "rating", value=1)
     pair = only(episodes_from_store(store))
     assert (pair.chosen, pair.rejected) == ("Green.", "Blue, the colour of the sky and the sea.")
@@ -170,15 +174,10 @@ def test_a_disliked_reply_and_a_liked_sibling_make_one_pair(store: Store) -> Non
 
 
 def test_every_disliked_sibling_pairs_with_the_latest_liked_one(store: Store) -> None:
-    (first,) = chat(store, ("Name a colour.", "Blue."), expert="L0")
-    cid = store.get_message(first).conversation_id
-    question = store.get_message(first).parent_id
+    first, second, third, fourth = answers(store, "Name a colour.", "Blue.", "Red.", "Teal.", "Grey.")
     store.add_feedback(first, "regenerate")
-    second, _ = store.add_reply(cid, question, "Red.", turn("L0"))
     store.add_feedback(second, "rating", value=1)
-    third, _ = store.add_reply(cid, question, "Teal.", turn("L0"))
     store.add_feedback(third, "rating", value=1)
-    fourth, _ = store.add_reply(cid, question, "Grey.", turn("L0"))
     store.add_feedback(fourth, "rating", value=-1)
     episodes = episodes_from_store(store)
     pairs = [(e.chosen, e.rejected) for e in episodes]

@@ -14,7 +14,7 @@ from datetime import time
 from typing import Any
 
 from macaron_local.errors import InvalidInputError
-from macaron_local.learn.loop import LearnConfig
+from macaron_local.learn.loop import KL_REFERENCES, LearnConfig
 from macaron_local.settings import Settings
 
 WINDOW_PATTERN = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
@@ -142,7 +142,7 @@ def learn_config(settings: Settings) -> LearnConfig:
     config = LearnConfig(**values)
     if config.trainer not in ("local", "tinker", "mint"):
         raise InvalidInputError(f'[learn] trainer must be "local", "tinker" or "mint" (got {config.trainer!r})')
-    if config.kl_reference not in ("deployed", "base"):
+    if config.kl_reference not in KL_REFERENCES:
         raise InvalidInputError(f'[learn] kl_reference must be "deployed" or "base" (got {config.kl_reference!r})')
     if config.steps < 1 or config.rank < 1 or config.lr <= 0:
         raise InvalidInputError("[learn] steps and rank must be >= 1 and lr > 0")

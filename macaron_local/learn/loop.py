@@ -34,6 +34,7 @@ from macaron_local.learn.passages import PassageGuard, first_rows
 from macaron_local.learn.rewards import content_kept, preference_reward
 
 RewardFn = Callable[[str, Episode], float]
+KL_REFERENCES = ("deployed", "base")  # what LearnConfig.kl_reference may name
 
 
 @dataclass
@@ -355,7 +356,7 @@ def kl_reference_weights(start: dict[str, np.ndarray] | None, config: LearnConfi
     """The LoRA weights the KL term is taken against: tonight's starting point when the night
     continues a deployed version and `config.kl_reference` is "deployed"; None (the base, the
     backend's own reference) otherwise. A start whose B factors are all zero is the base."""
-    if config.kl_reference not in ("deployed", "base"):
+    if config.kl_reference not in KL_REFERENCES:
         raise ValueError(f'kl_reference must be "deployed" or "base" (got {config.kl_reference!r})')
     if config.kl_reference == "base" or not adapts(start):
         return None
