@@ -56,6 +56,7 @@ ASSUMPTIONS = {
     "mlx_4bit_base_bytes": 19e9,  # mlx-lm 4-bit qwen3_5_moe (learning-recipe note)
     "prompt_tokens": 512,  # system prompt + the expert's view of the conversation + the request
     "completion_tokens": 48,  # LearnConfig.max_new_tokens; corrections as long
+    "passage_tokens": 64,  # learn/data/passages.json: 40 to 60 words each
     "heldout_share": 0.2,
     "gate_candidates": 2,  # final + one back-off on average
     "regression_tokens": 3000,  # passages + QA of the regression set, per scoring
@@ -202,6 +203,10 @@ def estimate(measured: dict, corrections: int) -> dict:
     full_steps = math.ceil(config.visits_per_episode * n_train / config.episodes_per_step)
     seq = a["prompt_tokens"] + a["completion_tokens"]
     sequences_per_step = config.episodes_per_step * (config.group_size + 1)
+    # the trainer's batch also holds the plain-text passages (learn/passages.py), padded to the
+    # batch's width like every row
+    trained_rows = sequences_per_step + config.passages_per_step
+    scored_per_step = sequences_per_step * a["completion_tokens"] + config.passages_per_step * a["passage_tokens"]
     n_held = corrections - n_train + config.max_old_heldout
     expert_q8 = expert_bytes(TALL_EXPERT_TYPE)
     active_bytes = BASE_Q4_K_M_BYTES * a["tall_active_parameters"] / a["tall_total_parameters"]
@@ -231,7 +236,7 @@ def estimate(measured: dict, corrections: int) -> dict:
         )
         # Training: 6 x active FLOPs per token at the target's rate x measured efficiency x MoE kernels.
         train_token_s = 6 * a["tall_active_parameters"] / flops * stacking_overhead
-        per_step_train = sequences_per_step * seq * train_token_s
+        per_step_train = trained_rows * seq * train_token_s
         # Memory by component.
         if name == "mac_64gb":
             trainer_base = a["mlx_4bit_base_bytes"]
@@ -249,8 +254,8 @@ def estimate(measured: dict, corrections: int) -> dict:
             "trainer_base": trainer_base,
             "trainer_stacked_expert_bf16": 2 * expert_params,
             "trainer_personal_lora_and_adamw": 16 * personal,
-            "trainer_activations": sequences_per_step * seq * shapes.n_layer * a["activation_bytes_per_token_layer"],
-            "trainer_logits": sequences_per_step * a["completion_tokens"] * 248_320 * 4 * 2,
+            "trainer_activations": trained_rows * seq * shapes.n_layer * a["activation_bytes_per_token_layer"],
+            "trainer_logits": scored_per_step * 248_320 * 4 * 2,
         }
         engine_total = sum(v for k, v in components.items() if k.startswith("engine"))
         trainer_total = sum(v for k, v in components.items() if k.startswith("trainer"))
