@@ -321,10 +321,13 @@ def _learn_step(
     objective = grpo_objective(samples, sampled.sampler, rewards, sampled.is_correction, config, backend)
     if extra_prompts:
         objective = guard.guard(objective, backend, batch, rows, step, sampled.group)
-    if reference is None:
+    if reference is None and not extra_prompts:
         outcome = backend.train_step(batch, objective)
-    else:
-        held_to = backend.asarray(logprobs_at(backend, batch, reference))
+    else:  # the KL reference of the samples' rows only: the passages' own is cached (PassageGuard)
+        if reference is None:
+            held_to = backend.reference_logprobs(samples)
+        else:
+            held_to = backend.asarray(logprobs_at(backend, samples, reference))
 
         def against_reference(logp, _unused, mask):
             return objective(logp, held_to, mask)
