@@ -25,14 +25,23 @@ def tiny(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("loop") / "llama.gguf", TinyConfig(arch="llama", n_ctx_train=512))
 
 
-def test_train_moves_toward_corrections_and_cleans_up(tiny, tmp_path):
-    episodes = [
-        Episode(messages=[{"role": "user", "content": "ab"}], chosen="ba ba", rejected="ab ab"),
-        Episode(messages=[{"role": "user", "content": "cd"}], chosen="dc dc", rejected="cd cd"),
-    ]
-    backend = TorchBackend(lr=2e-2, threads=2)
+TWO_CORRECTIONS = [
+    Episode(messages=[{"role": "user", "content": "ab"}], chosen="ba ba", rejected="ab ab"),
+    Episode(messages=[{"role": "user", "content": "cd"}], chosen="dc dc", rejected="cd cd"),
+]
+
+
+def tiny_trainer(tiny, lr: float = 1e-4, rank: int = 4) -> TorchBackend:
+    """The torch trainer on the tiny model with a fresh LoRA (alpha = 2 x rank)."""
+    backend = TorchBackend(lr=lr, threads=2)
     backend.load(tiny.path)
-    backend.add_lora(rank=4, alpha=8.0)
+    backend.add_lora(rank=rank, alpha=2.0 * rank)
+    return backend
+
+
+def test_train_moves_toward_corrections_and_cleans_up(tiny, tmp_path):
+    episodes = TWO_CORRECTIONS
+    backend = tiny_trainer(tiny, lr=2e-2)
     base = BaseModelInfo.from_gguf(tiny.path)
     with Engine(EngineConfig(model_path=tiny.path, n_ctx=256, n_threads=2)) as engine:
         pairs = [completion_tokens(engine, e.messages, e.chosen) for e in episodes]
@@ -56,9 +65,7 @@ def test_train_moves_toward_corrections_and_cleans_up(tiny, tmp_path):
 
 
 def test_train_refuses_episodes_without_a_verdict(tiny, tmp_path):
-    backend = TorchBackend(threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=2)
+    backend = tiny_trainer(tiny, rank=2)
     with Engine(EngineConfig(model_path=tiny.path, n_ctx=128)) as engine, pytest.raises(ValueError, match="chosen"):
         train(
             backend,
@@ -75,9 +82,7 @@ def test_down_votes_alone_push_away_from_the_disliked_reply(tiny, tmp_path):
     member, so its probability falls (and a liked one's rises), KTO-like, with no pair."""
     disliked = [Episode([{"role": "user", "content": w}], None, "ab ab ab") for w in ("cd", "ef", "gh")]
     liked = [Episode([{"role": "user", "content": "ij"}], "ba", None)]
-    backend = TorchBackend(lr=2e-2, threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=4, alpha=8.0)
+    backend = tiny_trainer(tiny, lr=2e-2)
     base = BaseModelInfo.from_gguf(tiny.path)
     with Engine(EngineConfig(model_path=tiny.path, n_ctx=256, n_threads=2)) as engine:
         pairs = [completion_tokens(engine, e.messages, e.rejected or e.chosen) for e in [*disliked, *liked]]
@@ -105,9 +110,7 @@ def test_a_continued_night_is_held_to_where_it_started_not_to_the_base(tiny, tmp
     from macaron_local.learn.loop import logprobs_at
 
     episodes = [Episode(messages=[{"role": "user", "content": "ab"}], chosen="ba ba", rejected="ab ab")]
-    backend = TorchBackend(lr=2e-2, threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=4, alpha=8.0)
+    backend = tiny_trainer(tiny, lr=2e-2)
     rng = np.random.default_rng(0)
     deployed = {
         name: values if name.endswith("lora_A") else rng.normal(0.0, 0.2, values.shape)
@@ -152,13 +155,8 @@ def test_passages_in_the_batch_hold_plain_text_to_the_base(tiny, tmp_path):
     the corrections are still learned."""
     from macaron_local.learn.passages import PassageGuard, passage_tokens
 
-    episodes = [
-        Episode(messages=[{"role": "user", "content": "ab"}], chosen="ba ba", rejected="ab ab"),
-        Episode(messages=[{"role": "user", "content": "cd"}], chosen="dc dc", rejected="cd cd"),
-    ]
-    backend = TorchBackend(lr=3e-2, threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=4, alpha=8.0)
+    episodes = TWO_CORRECTIONS
+    backend = tiny_trainer(tiny, lr=3e-2)
     start = backend.lora_weights()
     base = BaseModelInfo.from_gguf(tiny.path)
     config = LearnConfig(steps=10, episodes_per_step=2, group_size=2, max_new_tokens=6, refresh_every=5, lr=3e-2)
@@ -196,9 +194,7 @@ def test_a_passage_guard_rotates_and_scores_its_reference_once_per_expert_group(
     assert guard.rows(1) == ([[0], [0]], [[8, 9, 10], [5, 6]])
     assert PassageGuard([[0, 5]], per_step=2, weight=0.0).per_step == 0  # weight 0: no rows at all
 
-    backend = TorchBackend(threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=2)
+    backend = tiny_trainer(tiny, rank=2)
     calls = []
     scored = backend.reference_logprobs
     backend.reference_logprobs = lambda batch: calls.append(batch) or scored(batch)

@@ -27,10 +27,10 @@ from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.engine import AdapterHandle, Engine, GenerationParams
 from macaron_local.learn import losses
 from macaron_local.learn.arrays import ops_for
-from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, make_batch
+from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, at_scored_positions, make_batch
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
-from macaron_local.learn.passages import PassageGuard, first_rows
+from macaron_local.learn.passages import PassageGuard
 from macaron_local.learn.rewards import content_kept, preference_reward
 
 RewardFn = Callable[[str, Episode], float]
@@ -150,10 +150,7 @@ def grpo_objective(
     with group advantages and truncated importance weights against the sampler (llama.cpp),
     + beta * KL to the reference + sft_weight * NLL of the corrections (their rows only)."""
     mask = np.asarray(batch.mask, dtype=np.float32)
-    sampler_logp = np.zeros_like(mask)
-    for row, values in enumerate(sampler):
-        positions = np.flatnonzero(mask[row])[: len(values)]
-        sampler_logp[row, positions] = values[: len(positions)]
+    sampler_logp = at_scored_positions(batch, sampler)
     correction_mask = mask * np.asarray(is_correction, dtype=np.float32)[:, None]
     sampler_arr, correction_arr = backend.asarray(sampler_logp), backend.asarray(correction_mask)
     advantages = losses.group_advantages(backend.asarray(np.asarray(rewards, dtype=np.float32))).flatten()
@@ -317,22 +314,20 @@ def _learn_step(
     rows = len(sampled.prompts)
     extra_prompts, extra_completions = guard.rows(step) if guard is not None else ([], [])
     batch = make_batch([*sampled.prompts, *extra_prompts], [*sampled.completions, *extra_completions])
-    samples = first_rows(batch, rows)
+    samples = batch.rows(slice(0, rows))
     objective = grpo_objective(samples, sampled.sampler, rewards, sampled.is_correction, config, backend)
     if extra_prompts:
         objective = guard.guard(objective, backend, batch, rows, step, sampled.group)
-    if reference is None and not extra_prompts:
-        outcome = backend.train_step(batch, objective)
-    else:  # the KL reference of the samples' rows only: the passages' own is cached (PassageGuard)
-        if reference is None:
-            held_to = backend.reference_logprobs(samples)
-        else:
-            held_to = backend.asarray(logprobs_at(backend, samples, reference))
+    # the KL reference of the samples' rows only (the passages' own is cached by the guard)
+    if reference is None:
+        held_to = backend.reference_logprobs(samples)
+    else:
+        held_to = backend.asarray(logprobs_at(backend, samples, reference))
 
-        def against_reference(logp, _unused, mask):
-            return objective(logp, held_to, mask)
+    def against_reference(logp, _unused, mask):
+        return objective(logp, held_to, mask)
 
-        outcome = backend.train_step(batch, against_reference, with_reference=False)
+    outcome = backend.train_step(batch, against_reference, with_reference=False)
     tokens = batch.n_tokens
     result.trainer_seconds += time.perf_counter() - trained
     result.trainer_tokens += tokens

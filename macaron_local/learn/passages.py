@@ -26,7 +26,7 @@ import numpy as np
 
 from macaron_local.engine import Engine
 from macaron_local.learn import losses
-from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, make_batch
+from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, at_scored_positions, make_batch
 
 
 def load_passages() -> list[str]:
@@ -76,13 +76,9 @@ class PassageGuard:
     def guard(self, objective: Objective, backend: TrainerBackend, batch: Batch, rows: int, step: int, group: str):
         """`objective` on the batch's first `rows` rows (the step's samples), plus the passage
         term on the rest. `batch` is the step's samples followed by `rows(step)`."""
-        mask = np.asarray(batch.mask, dtype=np.float32)[rows:]
-        reference = np.zeros_like(mask)
-        for row, index in enumerate(self.indices(step)):
-            values = self._reference_for(backend, group, index)
-            positions = np.flatnonzero(mask[row])[: len(values)]
-            reference[row, positions] = values[: len(positions)]
-        reference_arr, weight = backend.asarray(reference), self.weight
+        cached = [self._reference_for(backend, group, index) for index in self.indices(step)]
+        reference_arr = backend.asarray(at_scored_positions(batch.rows(slice(rows, None)), cached))
+        weight = self.weight
 
         def guarded(logp, held_to, mask_arr):
             loss, parts = objective(logp[:rows], held_to[:rows], mask_arr[:rows])
@@ -90,8 +86,3 @@ class PassageGuard:
             return loss + weight * kept, {**parts, "passages": kept}
 
         return guarded
-
-
-def first_rows(batch: Batch, rows: int) -> Batch:
-    """The batch's first `rows` rows, at the batch's width."""
-    return Batch(batch.input_ids[:rows], batch.targets[:rows], batch.mask[:rows])

@@ -575,7 +575,7 @@ def _passage_guard(engine, config: LearnConfig) -> PassageGuard:
 
 
 def _retrain(
-    backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial, guard=None
+    backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial, guard: PassageGuard
 ) -> Candidate:
     """The last fallback: the night again from its start, half the step size, 4x the KL anchor."""
     gentler = dataclasses.replace(config, lr=config.lr / 2, kl_beta=config.kl_beta * 4, seed=config.seed + 1)

@@ -31,6 +31,10 @@ class Batch:
     def n_tokens(self) -> int:
         return int(sum(sum(row) for row in self.mask))
 
+    def rows(self, which: slice) -> Batch:
+        """Some of the batch's rows, at the batch's width (so positions line up with the whole)."""
+        return Batch(self.input_ids[which], self.targets[which], self.mask[which])
+
 
 def make_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int = 0) -> Batch:
     """Pack (prompt, completion) pairs so position t predicts token t+1; only completion
@@ -47,6 +51,18 @@ def make_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[
         targets.append(row_target + [pad_id] * pad)
         mask.append(row_mask + [0.0] * pad)
     return Batch(input_ids, targets, mask)
+
+
+def at_scored_positions(batch: Batch, per_row: Sequence[Sequence[float]]) -> np.ndarray:
+    """(B, T) float32 with row b's values laid on row b's scored (mask != 0) positions in order,
+    0 elsewhere: per-token numbers computed outside the batch (the sampler's log-probabilities,
+    a cached reference) lined up with the trainer's. Rows beyond `per_row` stay 0."""
+    mask = np.asarray(batch.mask, dtype=np.float32)
+    out = np.zeros_like(mask)
+    for row, values in enumerate(per_row):
+        positions = np.flatnonzero(mask[row])[: len(values)]
+        out[row, positions] = np.asarray(values, dtype=np.float32)[: len(positions)]
+    return out
 
 
 #: An objective: (logp with LoRA, reference logp, mask) -> (loss to minimise, named parts to log).
