@@ -407,6 +407,8 @@ def _gate_and_record(
         "final_kl": round(result.steps[-1].kl, 4) if result.steps else None,
         "trainer_tokens_per_s": round(result.trainer_tokens_per_s, 1),
         "train_s": round(train_wall, 1),
+        "rollout_s": round(result.rollout_seconds, 1),  # the engine's sampling, within train_s
+        "trainer_s": round(result.trainer_seconds, 1),  # the trainer's steps, within train_s
         "judge_s": round(time.perf_counter() - started_judging, 1),
         "chosen": chosen.name,
         **chosen.figures,
