@@ -187,3 +187,23 @@ def test_a_step_moves_the_policy_toward_the_target(backend_name, tiny):
     outcomes = [backend.train_step(batch, sft_objective, with_reference=False) for _ in range(5)]
     assert completion_logprobs(backend).sum() > before + 0.1
     assert outcomes[-1].loss < outcomes[0].loss and all(o.grad_norm > 0 for o in outcomes)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_a_batch_of_mixed_lengths_scores_each_row_as_it_scores_alone(backend_name, tiny):
+    """The torch backend runs rows in sub-batches cut to their own length: the numbers (and the
+    gradient) must be those of the padded batch, and of each row alone."""
+    backend = trainer_for(backend_name, tiny, float64=True)
+    randomize_lora_b(backend)
+    rows = [(PROMPT, COMPLETION), ([3, 4], [8, 9]), ([3], list(range(8, 21))), ([7, 7], [1])]
+    batch = make_batch([p for p, _ in rows], [c for _, c in rows])
+    together = backend.to_numpy(backend.logprobs(batch))
+    for index, (prompt, completion) in enumerate(rows):
+        alone = completion_logprobs(backend, prompt=prompt, completion=completion)
+        assert np.abs(together[index][np.asarray(batch.mask[index]) > 0] - alone).max() <= 1e-9
+    grads = backend.gradients(batch, sft_objective)
+    one_by_one = [backend.gradients(make_batch([p], [c]), sft_objective) for p, c in rows]
+    weights = [len(c) / sum(len(c) for _, c in rows) for _, c in rows]  # sft is a token mean
+    for name, value in grads.items():
+        combined = sum(w * g[name] for w, g in zip(weights, one_by_one, strict=True))
+        assert np.abs(value - combined).max() <= 1e-6 * max(1.0, np.abs(value).max())

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from macaron_local.errors import MacaronError
-from macaron_local.learn.backends.base import Batch, Objective, StepOutcome
+from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, length_buckets, real_lengths
 from macaron_local.learn.backends.checkpoint import (
     bitsandbytes_config,
     checkpoint_bytes,
@@ -183,31 +183,41 @@ class TorchBackend:
     def logprobs(self, batch: Batch):
         """Hidden states for every position, but the output layer (vocab-sized: the largest
         matmul of a small model, and a softmax over 49k entries) only at the scored positions;
-        prompt and padding positions never need logits. Unscored positions come back as 0."""
+        prompt and padding positions never need logits. Unscored positions come back as 0.
+
+        Rows run in sub-batches of similar length (`length_buckets`), each cut to its longest
+        row: right padding only ever follows a row's last real token, so the numbers are the
+        same, and short rows (passages, short corrections) stop paying for the longest one."""
         torch = self.torch
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
         targets = torch.tensor(batch.targets, dtype=torch.long, device=self.device)
-        attention = torch.arange(ids.shape[1], device=self.device)[None, :] < self._lengths(batch)[:, None]
+        mask = torch.tensor(batch.mask, device=self.device) != 0
+        lengths = real_lengths(batch)
         inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        hidden = inner.get_decoder()(input_ids=ids, attention_mask=attention.long()).last_hidden_state
-        rows, cols = torch.nonzero(torch.tensor(batch.mask, device=self.device) != 0, as_tuple=True)
-        logits = inner.get_output_embeddings()(hidden[rows, cols])
+        where_rows, where_cols, values = [], [], []
+        for bucket in length_buckets(lengths):
+            picked = torch.tensor(bucket, dtype=torch.long, device=self.device)
+            width = max(lengths[i] for i in bucket)
+            real = torch.tensor([lengths[i] for i in bucket], device=self.device)
+            attention = torch.arange(width, device=self.device)[None, :] < real[:, None]
+            hidden = inner.get_decoder()(input_ids=ids[picked, :width], attention_mask=attention.long())
+            rows, cols = torch.nonzero(mask[picked, :width], as_tuple=True)
+            where_rows.append(picked[rows])
+            where_cols.append(cols)
+            values.append(self._scored(inner, hidden.last_hidden_state[rows, cols], targets[picked[rows], cols]))
+        scored = torch.cat(values)
+        return scored.new_zeros(ids.shape).index_put((torch.cat(where_rows), torch.cat(where_cols)), scored)
+
+    def _scored(self, inner, hidden, targets):
+        """Log-probabilities of `targets` from the hidden states at the scored positions."""
+        torch = self.torch
+        logits = inner.get_output_embeddings()(hidden)
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()  # log_softmax in at least float32
         scale = getattr(inner.config, "final_logit_softcapping", None)
         if scale:  # the few models that soft-cap their logits (gemma 2) do it after the head
             logits = torch.tanh(logits / scale) * scale
-        scored = -torch.nn.functional.cross_entropy(logits, targets[rows, cols], reduction="none")
-        out = scored.new_zeros(ids.shape)
-        return out.index_put((rows, cols), scored)
-
-    def _lengths(self, batch: Batch):
-        """Real (unpadded) lengths: the last scored position + 1, or the prompt length."""
-        lengths = []
-        for row_mask in batch.mask:
-            scored = [i for i, m in enumerate(row_mask) if m]
-            lengths.append(scored[-1] + 1 if scored else len(row_mask))
-        return self.torch.tensor(lengths, device=self.device)
+        return -torch.nn.functional.cross_entropy(logits, targets, reduction="none")
 
     def reference_logprobs(self, batch: Batch):
         """LoRA off; with a stacked expert, the expert alone (what the user is served now)."""
