@@ -21,7 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from macaron_local.errors import MacaronError
-from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, first_scored_position
+from macaron_local.learn.backends.base import (
+    Batch,
+    Objective,
+    StepOutcome,
+    first_scored_position,
+    length_buckets,
+    real_lengths,
+)
 from macaron_local.learn.backends.checkpoint import resolve_checkpoint
 from macaron_local.learn.backends.gguf_weights import hf_config, load_hf_weights
 from macaron_local.learn.backends.mlx_stack import MLX_PREFIX, expert_factors, load_checkpoint, text_model
@@ -151,6 +158,24 @@ class MlxBackend:
         return np.array(values, dtype=np.float64)
 
     def _forward_logprobs(self, model, batch: Batch):
+        """Rows in sub-batches of similar length (`length_buckets`), each cut to its longest row
+        (right padding only follows a row's last real token, so the numbers are the same), put
+        back in the batch's order and width."""
+        mx = self.mx
+        lengths = real_lengths(batch)
+        buckets = length_buckets(lengths)
+        if len(buckets) == 1:
+            return self._bucket_logprobs(model, batch)
+        width = len(batch.input_ids[0])
+        parts, order = [], []
+        for bucket in buckets:
+            cut = max(lengths[i] for i in bucket)
+            sub = Batch(*([rows[i][:cut] for i in bucket] for rows in (batch.input_ids, batch.targets, batch.mask)))
+            parts.append(mx.pad(self._bucket_logprobs(model, sub), [(0, 0), (0, width - cut)]))
+            order.extend(bucket)
+        return mx.concatenate(parts, axis=0)[mx.array(np.argsort(order))]
+
+    def _bucket_logprobs(self, model, batch: Batch):
         """Hidden states for every position, the output layer only from the first scored one."""
         mx = self.mx
         ids = mx.array(np.asarray(batch.input_ids, dtype=np.int32))
