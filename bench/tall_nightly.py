@@ -203,9 +203,10 @@ def estimate(measured: dict, corrections: int) -> dict:
     full_steps = math.ceil(config.visits_per_episode * n_train / config.episodes_per_step)
     seq = a["prompt_tokens"] + a["completion_tokens"]
     sequences_per_step = config.episodes_per_step * (config.group_size + 1)
-    # the trainer's batch also holds the plain-text passages (learn/passages.py), padded to the
-    # batch's width like every row
-    trained_rows = sequences_per_step + config.passages_per_step
+    # the trainer's batch also holds the plain-text passages (learn/passages.py): the torch
+    # backend runs them as their own sub-batch at their own length (backends.base.length_buckets);
+    # MLX pads them to the batch's width like every row
+    passage_positions = {"torch": config.passages_per_step * a["passage_tokens"], "mlx": config.passages_per_step * seq}
     scored_per_step = sequences_per_step * a["completion_tokens"] + config.passages_per_step * a["passage_tokens"]
     n_held = corrections - n_train + config.max_old_heldout
     expert_q8 = expert_bytes(TALL_EXPERT_TYPE)
@@ -236,7 +237,8 @@ def estimate(measured: dict, corrections: int) -> dict:
         )
         # Training: 6 x active FLOPs per token at the target's rate x measured efficiency x MoE kernels.
         train_token_s = 6 * a["tall_active_parameters"] / flops * stacking_overhead
-        per_step_train = trained_rows * seq * train_token_s
+        positions = sequences_per_step * seq + passage_positions["mlx" if name == "mac_64gb" else "torch"]
+        per_step_train = positions * train_token_s
         # Memory by component.
         if name == "mac_64gb":
             trainer_base = a["mlx_4bit_base_bytes"]
@@ -254,7 +256,7 @@ def estimate(measured: dict, corrections: int) -> dict:
             "trainer_base": trainer_base,
             "trainer_stacked_expert_bf16": 2 * expert_params,
             "trainer_personal_lora_and_adamw": 16 * personal,
-            "trainer_activations": trained_rows * seq * shapes.n_layer * a["activation_bytes_per_token_layer"],
+            "trainer_activations": positions * shapes.n_layer * a["activation_bytes_per_token_layer"],
             "trainer_logits": scored_per_step * 248_320 * 4 * 2,
         }
         engine_total = sum(v for k, v in components.items() if k.startswith("engine"))

@@ -44,6 +44,9 @@ def test_a_run_is_gated_registered_and_recorded(home, tiny_model, backend):
         assert report.metrics["train_episodes"] == 6 and report.metrics["heldout_episodes"] == 2
         # A float32 base: both sides agree to float32 rounding (MLX fuses norm and rope differently).
         assert report.metrics["parity_max_abs_diff"] <= 5e-3
+        timing = report.metrics
+        assert 0 < timing["rollout_s"] and 0 < timing["trainer_s"]
+        assert timing["rollout_s"] + timing["trainer_s"] <= timing["train_s"] + 0.1  # parts of it
         [run] = store.learning_runs()
         assert run.decision == report.decision and run.adapter_version == report.version_id
         assert sorted(run.feedback_ids) == list(range(1, 9))
