@@ -203,10 +203,9 @@ def estimate(measured: dict, corrections: int) -> dict:
     full_steps = math.ceil(config.visits_per_episode * n_train / config.episodes_per_step)
     seq = a["prompt_tokens"] + a["completion_tokens"]
     sequences_per_step = config.episodes_per_step * (config.group_size + 1)
-    # the trainer's batch also holds the plain-text passages (learn/passages.py): the torch
-    # backend runs them as their own sub-batch at their own length (backends.base.length_buckets);
-    # MLX pads them to the batch's width like every row
-    passage_positions = {"torch": config.passages_per_step * a["passage_tokens"], "mlx": config.passages_per_step * seq}
+    # the trainer's batch also holds the plain-text passages (learn/passages.py); both backends
+    # run them as a sub-batch of their own, at their own length (backends.base.length_buckets)
+    positions = sequences_per_step * seq + config.passages_per_step * a["passage_tokens"]
     scored_per_step = sequences_per_step * a["completion_tokens"] + config.passages_per_step * a["passage_tokens"]
     n_held = corrections - n_train + config.max_old_heldout
     expert_q8 = expert_bytes(TALL_EXPERT_TYPE)
@@ -237,7 +236,6 @@ def estimate(measured: dict, corrections: int) -> dict:
         )
         # Training: 6 x active FLOPs per token at the target's rate x measured efficiency x MoE kernels.
         train_token_s = 6 * a["tall_active_parameters"] / flops * stacking_overhead
-        positions = sequences_per_step * seq + passage_positions["mlx" if name == "mac_64gb" else "torch"]
         per_step_train = positions * train_token_s
         # Memory by component.
         if name == "mac_64gb":
