@@ -45,7 +45,7 @@ def test_a_run_is_gated_registered_and_recorded(home, tiny_model, backend):
         # A float32 base: both sides agree to float32 rounding (MLX fuses norm and rope differently).
         assert report.metrics["parity_max_abs_diff"] <= 5e-3
         timing = report.metrics
-        assert 0 < timing["rollout_s"] and 0 < timing["trainer_s"]
+        assert timing["rollout_s"] >= 0 and timing["trainer_s"] >= 0  # rounded to 0.1 s: a tiny run can show 0.0
         assert timing["rollout_s"] + timing["trainer_s"] <= timing["train_s"] + 0.1  # parts of it
         [run] = store.learning_runs()
         assert run.decision == report.decision and run.adapter_version == report.version_id

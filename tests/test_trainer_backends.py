@@ -191,8 +191,8 @@ def test_a_step_moves_the_policy_toward_the_target(backend_name, tiny):
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_a_batch_of_mixed_lengths_scores_each_row_as_it_scores_alone(backend_name, tiny):
-    """The torch backend runs rows in sub-batches cut to their own length: the numbers (and the
-    gradient) must be those of the padded batch, and of each row alone."""
+    """Both backends run rows in sub-batches cut to their own length: the numbers (and the
+    gradient) must be those of each row alone."""
     backend = trainer_for(backend_name, tiny, float64=True)
     randomize_lora_b(backend)
     rows = [(PROMPT, COMPLETION), ([3, 4], [8, 9]), ([3], list(range(8, 21))), ([7, 7], [1])]

@@ -98,6 +98,18 @@ def length_buckets(lengths: Sequence[int], overhead: int = 48) -> list[list[int]
     return buckets[::-1]
 
 
+def sub_batches(batch: Batch) -> list[tuple[list[int], Batch]]:
+    """The batch's `length_buckets`, each as (its row indices, those rows cut to the longest one's
+    real length): what a backend runs a forward pass on, before putting rows back in order."""
+    lengths = real_lengths(batch)
+    out = []
+    for bucket in length_buckets(lengths):
+        cut = max(lengths[i] for i in bucket)
+        rows = (batch.input_ids, batch.targets, batch.mask)
+        out.append((bucket, Batch(*([table[i][:cut] for i in bucket] for table in rows))))
+    return out
+
+
 #: An objective: (logp with LoRA, reference logp, mask) -> (loss to minimise, named parts to log).
 #: Built from `losses`, it runs unchanged on any backend's arrays.
 Objective = Callable[[Any, Any, Any], tuple[Any, Mapping[str, Any]]]

@@ -26,8 +26,7 @@ from macaron_local.learn.backends.base import (
     Objective,
     StepOutcome,
     first_scored_position,
-    length_buckets,
-    real_lengths,
+    sub_batches,
 )
 from macaron_local.learn.backends.checkpoint import resolve_checkpoint
 from macaron_local.learn.backends.gguf_weights import hf_config, load_hf_weights
@@ -162,16 +161,13 @@ class MlxBackend:
         (right padding only follows a row's last real token, so the numbers are the same), put
         back in the batch's order and width."""
         mx = self.mx
-        lengths = real_lengths(batch)
-        buckets = length_buckets(lengths)
-        if len(buckets) == 1:
+        split = sub_batches(batch)
+        if len(split) == 1:
             return self._bucket_logprobs(model, batch)
         width = len(batch.input_ids[0])
         parts, order = [], []
-        for bucket in buckets:
-            cut = max(lengths[i] for i in bucket)
-            sub = Batch(*([rows[i][:cut] for i in bucket] for rows in (batch.input_ids, batch.targets, batch.mask)))
-            parts.append(mx.pad(self._bucket_logprobs(model, sub), [(0, 0), (0, width - cut)]))
+        for bucket, sub in split:
+            parts.append(mx.pad(self._bucket_logprobs(model, sub), [(0, 0), (0, width - len(sub.input_ids[0]))]))
             order.extend(bucket)
         return mx.concatenate(parts, axis=0)[mx.array(np.argsort(order))]
 

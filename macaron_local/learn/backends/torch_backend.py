@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from macaron_local.errors import MacaronError
-from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, length_buckets, real_lengths
+from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, real_lengths, sub_batches
 from macaron_local.learn.backends.checkpoint import (
     bitsandbytes_config,
     checkpoint_bytes,
@@ -189,24 +189,21 @@ class TorchBackend:
         row: right padding only ever follows a row's last real token, so the numbers are the
         same, and short rows (passages, short corrections) stop paying for the longest one."""
         torch = self.torch
-        ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
-        targets = torch.tensor(batch.targets, dtype=torch.long, device=self.device)
-        mask = torch.tensor(batch.mask, device=self.device) != 0
-        lengths = real_lengths(batch)
         inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         where_rows, where_cols, values = [], [], []
-        for bucket in length_buckets(lengths):
-            picked = torch.tensor(bucket, dtype=torch.long, device=self.device)
-            width = max(lengths[i] for i in bucket)
-            real = torch.tensor([lengths[i] for i in bucket], device=self.device)
-            attention = torch.arange(width, device=self.device)[None, :] < real[:, None]
-            hidden = inner.get_decoder()(input_ids=ids[picked, :width], attention_mask=attention.long())
-            rows, cols = torch.nonzero(mask[picked, :width], as_tuple=True)
-            where_rows.append(picked[rows])
+        for bucket, sub in sub_batches(batch):
+            ids = torch.tensor(sub.input_ids, dtype=torch.long, device=self.device)
+            real = torch.tensor(real_lengths(sub), device=self.device)
+            attention = torch.arange(ids.shape[1], device=self.device)[None, :] < real[:, None]
+            hidden = inner.get_decoder()(input_ids=ids, attention_mask=attention.long()).last_hidden_state
+            rows, cols = torch.nonzero(torch.tensor(sub.mask, device=self.device) != 0, as_tuple=True)
+            targets = torch.tensor(sub.targets, dtype=torch.long, device=self.device)[rows, cols]
+            where_rows.append(torch.tensor(bucket, dtype=torch.long, device=self.device)[rows])
             where_cols.append(cols)
-            values.append(self._scored(inner, hidden.last_hidden_state[rows, cols], targets[picked[rows], cols]))
+            values.append(self._scored(inner, hidden[rows, cols], targets))
         scored = torch.cat(values)
-        return scored.new_zeros(ids.shape).index_put((torch.cat(where_rows), torch.cat(where_cols)), scored)
+        shape = (batch.size, len(batch.input_ids[0]))
+        return scored.new_zeros(shape).index_put((torch.cat(where_rows), torch.cat(where_cols)), scored)
 
     def _scored(self, inner, hidden, targets):
         """Log-probabilities of `targets` from the hidden states at the scored positions."""
