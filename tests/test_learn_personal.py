@@ -176,6 +176,8 @@ def test_forget_withdraws_every_version_that_learned_it_and_the_next_night_retra
         seed(store, 8, "L0", first=8)
         [night2] = learn_once(store, catalog, manifest, config())
         assert night2.metrics["start"].startswith("continued from the deployed version")
+        # Night 1's held-out corrections are read teacher-forced for what it taught (learn.retention).
+        assert all(isinstance(c["taught_drop"], float) for c in night2.metrics["candidates"])
         second = store.adapter_version(night2.version_id)
         if night2.decision != "deployed":
             store.deploy_adapter(second.id)

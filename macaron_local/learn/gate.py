@@ -9,7 +9,9 @@ system prompt and template (`regression.score`). A candidate passes when:
   standard error (`significantly_better`). "Any gain" let a nearly inert adapter trained on
   gibberish through on a 0.012 gain, within the noise of greedy replies;
 - earlier nights' held-out episodes (what deployed nights taught) are not forgotten: the paired
-  mean change against the deployed version is not below -(tolerance + 2 standard errors);
+  mean change against the deployed version is not below -(tolerance + 2 standard errors), and
+  the tokens of their corrections the deployed version taught keep their probability
+  (`learn.retention`: the reward of a 64-token reply hardly sees a lost greeting);
 - regression against a stable reference, the bare experts (no personal adapter): passage NLL
   at most +2%, and no fewer factual answers than the bare experts give. Comparing with the
   last deployed version instead ratchets on noise: one lucky night's count blocks the next.
@@ -26,6 +28,7 @@ from macaron_local.engine import AdapterHandle, Engine, GenerationParams
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.regression import RegressionScore
 from macaron_local.learn.regression import score as regression_score
+from macaron_local.learn.retention import MAX_TAUGHT_DROP, Retention
 from macaron_local.learn.rewards import preference_reward
 
 MAX_NLL_INCREASE = 0.02
@@ -103,8 +106,11 @@ def score(
     )
 
 
-def verdict(candidate: Scores, current: Scores, reference: RegressionScore) -> tuple[list[str], dict]:
-    """(reasons to reject, figures) for a candidate against the deployed version and the base."""
+def verdict(
+    candidate: Scores, current: Scores, reference: RegressionScore, kept: Retention | None = None
+) -> tuple[list[str], dict]:
+    """(reasons to reject, figures) for a candidate against the deployed version and the base;
+    `kept`: how it kept earlier nights' taught tokens (None: no deployed version to keep)."""
     assert candidate.regression is not None
     reg = candidate.regression
     nll_delta = reg.passage_nll / reference.passage_nll - 1
@@ -122,6 +128,9 @@ def verdict(candidate: Scores, current: Scores, reference: RegressionScore) -> t
         "regression_qa_after": reg.qa_right,
         "regression_qa_total": reg.qa_total,
     }
+    if kept is not None:
+        figures["taught_tokens"] = kept.taught_tokens
+        figures["taught_drop"] = round(kept.mean_drop, 4)
     reasons = []
     if not significantly_better(candidate.held_new, current.held_new):
         reasons.append(
@@ -132,6 +141,11 @@ def verdict(candidate: Scores, current: Scores, reference: RegressionScore) -> t
         reasons.append(
             f"earlier nights' held-out feedback fell ({current.old_mean:.3f} -> {candidate.old_mean:.3f}, "
             f"{len(candidate.held_old)} episodes)"
+        )
+    if kept is not None and not kept.kept:
+        reasons.append(
+            f"earlier nights' lessons faded: their {kept.taught_tokens} taught tokens lost {kept.mean_drop:.3f} "
+            f"probability on average (limit {MAX_TAUGHT_DROP})"
         )
     if nll_delta > MAX_NLL_INCREASE:
         reasons.append(f"passage NLL rose {nll_delta:+.1%} over the bare experts (limit +{MAX_NLL_INCREASE:.0%})")

@@ -51,6 +51,7 @@ from macaron_local.learn.memory_plan import nightly_mode
 from macaron_local.learn.passages import PassageGuard, passage_tokens
 from macaron_local.learn.personal import PERSONAL_SLOT
 from macaron_local.learn.plan import NightPlan, plan_night, planned_steps
+from macaron_local.learn.retention import Lessons
 from macaron_local.learn.stacking import expert_trainer_source, stacked_source
 from macaron_local.learn.warm import warm_start
 from macaron_local.learn.workdir import run_workdir
@@ -347,12 +348,18 @@ def _gate_and_record(
     current = gate.score(
         engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False
     )
+    lessons = (
+        Lessons(engine, experts.stack(None), experts.stack(current_handle), plan.held_old)
+        if current_handle is not None and plan.held_old
+        else None
+    )
 
     def judge(candidate: Candidate) -> Candidate:
         candidate.file, parity = prepare(candidate)
         handle = engine.load_adapter(candidate.file)
         scores = gate.score(engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve)
-        reasons, figures = gate.verdict(scores, current, reference)
+        kept = lessons.kept_by(experts.stack(handle)) if lessons is not None else None
+        reasons, figures = gate.verdict(scores, current, reference, kept)
         if not parity.ok:
             reasons.insert(0, parity.summary())
         figures["parity_max_abs_diff"] = round(parity.max_abs_diff, 5)
