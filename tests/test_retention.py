@@ -59,6 +59,22 @@ def test_the_gate_rejects_a_night_whose_earlier_lessons_faded_and_records_the_fi
     assert reasons == [] and "taught_drop" not in figures
 
 
+def test_below_the_limit_a_candidate_is_ranked_on_reward_less_what_the_lessons_lost():
+    current = scores([-0.4, -0.4, -0.4], [0.2, 0.2, 0.2])
+    reference = RegressionScore(passage_nll=2.0, qa_right=9, qa_total=12)
+    louder = scores([0.3, 0.3, 0.3], [0.2, 0.2, 0.2])  # 0.05 more reward on every episode ...
+    quieter = scores([0.2, 0.2, 0.2], [0.25, 0.25, 0.25])
+    assert louder.all_mean > quieter.all_mean
+    ranked = {}
+    for name, candidate, kept in (("louder", louder, Retention(11, 0.12)), ("quieter", quieter, Retention(11, 0.01))):
+        reasons, figures = gate.verdict(candidate, current, reference, kept)
+        assert reasons == []  # both within the limit
+        ranked[name] = figures["choice_score"]
+    assert ranked["quieter"] > ranked["louder"]  # ... but 0.11 more taught probability lost
+    assert ranked["louder"] == pytest.approx(louder.all_mean - 0.12, abs=1e-4)
+    assert gate.choice_score(0.3, None) == 0.3  # a first night has no lessons to weigh
+
+
 GREETED = [
     ("How do I boil an egg?", "Hi Sam, simmer it for 8 minutes."),
     ("Why is the sky blue?", "Hi Sam, air scatters blue light most."),

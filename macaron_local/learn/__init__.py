@@ -6,6 +6,8 @@
 - `losses`: the objectives as pure tensor functions (clipped policy gradient with group
   advantages and a sampler/trainer importance weight, KL to the reference, SFT, DPO).
 - `backends`: the trainers those losses run in.
+- `gate`, `retention`: whether a candidate may replace what is served (`retention`: the tokens
+  earlier nights taught stay likely).
 
 torch is an optional extra (`macaron-local[torch]`), so the loss names are imported on first
 use: reading episodes or scoring rewards never needs it.

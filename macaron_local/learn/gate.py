@@ -106,6 +106,15 @@ def score(
     )
 
 
+def choice_score(all_mean: float, kept: Retention | None) -> float:
+    """What the passing candidates are ranked on: the reward on every held-out episode, tonight's
+    and earlier nights' pooled, less the probability earlier lessons' taught tokens lost. Within
+    the hard limit (`MAX_TAUGHT_DROP`) a candidate may trade a little of an old lesson for a new
+    one, but 0.1 probability lost must buy 0.1 reward (on the reward's [-1, 1] scale). Ranking on
+    the reward alone preferred candidates that had lost a greeting the reward could not see."""
+    return all_mean - (kept.mean_drop if kept is not None else 0.0)
+
+
 def verdict(
     candidate: Scores, current: Scores, reference: RegressionScore, kept: Retention | None = None
 ) -> tuple[list[str], dict]:
@@ -131,6 +140,7 @@ def verdict(
     if kept is not None:
         figures["taught_tokens"] = kept.taught_tokens
         figures["taught_drop"] = round(kept.mean_drop, 4)
+    figures["choice_score"] = round(choice_score(candidate.all_mean, kept), 4)
     reasons = []
     if not significantly_better(candidate.held_new, current.held_new):
         reasons.append(

@@ -5,20 +5,25 @@ expert it was routed to, as served) three ways: under the bare experts, under th
 version, and under a candidate. A token the deployed version *taught* is one it made likely
 (p >= `TAUGHT_MIN_P`, so greedy decoding picks it) and raised by at least `TAUGHT_MIN_GAIN`
 nats over the bare experts: the greeting's first word, the user's city, the lower-case letter.
-A candidate keeps the lessons when those tokens stay likely; the gate bounds the mean drop of
-their probability (`MAX_TAUGHT_DROP`).
+The gate bounds the mean drop of their probability (`MAX_TAUGHT_DROP`), and below that bound
+ranks the passing candidates on reward less the drop (`gate.choice_score`).
 
 Why the gate needs this beside the greedy replies' reward (gate.significantly_worse): a
 greeting is 7 characters of a 64-token reply, so chrF barely moves when it goes, and on the 3
 or 4 held-out episodes an earlier night leaves, two standard errors let through a night that
 lost the greeting on a quarter of the prompts. Teacher-forced probabilities are deterministic
-and sit exactly where the lesson is. Measured on the 13 night-2 candidates of one two-night run
-(greeting, then home city; 3 held-out episodes, 11 taught tokens): the 6 whose mean drop was at
-most 0.05 all kept the greeting on the scenario's 8 held-out prompts; the 4 above 0.1 lost 1 to
-4 of them (the old reward check passed two of those). It sees only the prompts held out: in a
-second run the one candidate had a drop of 0.012 and still lost the greeting on 1 prompt of 8.
-Scoring the deployed version's own greedy replies to everyday questions instead was tried and
-did not separate the candidates (drops 0.09 to 0.27 whether or not they kept the greeting).
+and sit where the lesson is. The limit is a hard floor for heavy forgetting, the ranking the
+trade-off below it. Measured on the night-2 candidates of three two-night runs (each scored
+afterwards on the scenarios' held-out prompts): greeting then city, 3 held-out episodes and
+11 taught tokens: the 6 candidates with drops at most 0.05 kept the greeting on all 8 prompts,
+the 5 at 0.06 to 0.12 lost 0 to 2, the 2 at 0.16 lost 2 and 4; bullets then job, 6 taught
+tokens: no candidate kept all 8 bullet prompts, drops 0.02 to 0.2 lost 1 and 0.24 to 0.31 lost
+3 to 5, so a limit of 0.05 rejected every full-strength candidate and the night taught the job
+on 1 prompt of 8, where the candidate the reward ranked first had it on 7. A
+measure on so few tokens is coarse: in another greeting run the one candidate lost 0.012 and
+still lost the greeting on 1 prompt of 8. Scoring the deployed version's own greedy replies to
+everyday questions instead did not separate the candidates (drops 0.09 to 0.27 whether or not
+they kept the greeting).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from macaron_local.learn.episodes import Episode
 
 TAUGHT_MIN_P = 0.5
 TAUGHT_MIN_GAIN = 1.0  # nats over the bare experts
-MAX_TAUGHT_DROP = 0.05  # mean probability a taught token may lose
+MAX_TAUGHT_DROP = 0.15  # mean probability a taught token may lose
 
 Stack = Callable[[str], list[AdapterHandle]]
 Tokens = tuple[list[int], list[int]]

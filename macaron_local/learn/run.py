@@ -11,7 +11,8 @@ When the gate rejects the trained candidate the run backs off instead of giving 
 first, within `config.backoff_s` seconds: the run's own earlier checkpoints (newest first),
 tonight's update at half strength (halfway from where the night started), then one retrain at
 half the learning rate with four times the KL anchor. The best candidate that passes every
-check (highest reward on all held-out feedback, tonight's and earlier nights') is deployed.
+check (highest reward on all held-out feedback, tonight's and earlier nights', less the
+probability earlier lessons' taught tokens lost) is deployed.
 Every candidate tried is registered (rejected ones as `rejected`) with its evaluations, and
 listed in the run's record with its reasons.
 """
@@ -385,8 +386,9 @@ def _gate_and_record(
         ):
             tried.append(judge(retrain()))
     # The best for the user is the best on everything held out: tonight's feedback and what
-    # earlier nights taught (choosing on tonight's alone preferred a candidate that forgot more).
-    best = max((c for c in tried if c.passed), key=lambda c: c.figures["heldout_all_reward_after"], default=None)
+    # earlier nights taught (choosing on tonight's alone preferred a candidate that forgot more),
+    # less what the taught tokens lost (gate.choice_score).
+    best = max((c for c in tried if c.passed), key=lambda c: c.figures["choice_score"], default=None)
     chosen = best or final
     decision = "deployed" if best else "rejected"
     if best:
