@@ -19,6 +19,7 @@ pytest.importorskip("peft")
 
 from macaron_local.catalog import Catalog  # noqa: E402
 from macaron_local.engine import Engine, EngineConfig  # noqa: E402
+from macaron_local.learn.gate import MIN_HELDOUT_GAIN  # noqa: E402
 from macaron_local.learn.loop import LearnConfig  # noqa: E402
 from macaron_local.learn.run import learn_once  # noqa: E402
 from macaron_local.store import open_default_store  # noqa: E402
@@ -73,6 +74,13 @@ def test_denied_calls_teach_the_candidate_to_propose_them_less(home):
         after = np.array([call_logprob(engine, name) for name in HELD_OUT])
     assert value == -1 and comment.startswith("tool call run_command denied")
     assert (after < before).all() and (before - after).mean() > 1.0, (before, after)  # nats, per call
-    # The gate judged the candidate on held-out denials and recorded what it saw.
+    # The gate judged the candidate on held-out denials and recorded what it saw. Which 2 or 3
+    # conversations are held out follows their (random) ids, and on so few greedy replies the
+    # reward moved either way by hundredths across CI runs (-0.184 -> -0.191 once): the decision
+    # must follow the recorded figures, the teaching is the log-probability measured above.
     assert run.decision == night.decision and run.metrics["heldout_episodes"] >= 2
-    assert run.metrics["heldout_reward_after"] > run.metrics["heldout_reward_before"]
+    before_reward, after_reward = run.metrics["heldout_reward_before"], run.metrics["heldout_reward_after"]
+    if run.decision == "deployed":
+        assert after_reward >= before_reward + MIN_HELDOUT_GAIN - 1e-3  # figures rounded to 4 places
+    else:
+        assert run.reason and run.metrics["candidates"][0]["reasons"]
