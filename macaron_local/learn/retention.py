@@ -35,6 +35,7 @@ import numpy as np
 
 from macaron_local.engine import AdapterHandle, Engine
 from macaron_local.learn.episodes import Episode
+from macaron_local.learn.loop import completion_tokens
 
 TAUGHT_MIN_P = 0.5
 TAUGHT_MIN_GAIN = 1.0  # nats over the bare experts
@@ -46,8 +47,6 @@ Tokens = tuple[list[int], list[int]]
 
 def correction_tokens(engine: Engine, episodes: Sequence[Episode]) -> list[tuple[str, Tokens]]:
     """(slot, (prompt, completion)) of each episode's correction, as the chat template renders it."""
-    from macaron_local.learn.loop import completion_tokens
-
     return [(e.slot, completion_tokens(engine, e.messages, e.chosen)) for e in episodes if e.chosen]
 
 
