@@ -174,7 +174,9 @@ def test_passages_in_the_batch_hold_plain_text_to_the_base(tiny, tmp_path):
             backend.reset_optimizer(config.lr)
             guard = PassageGuard(tokens, per_step=2, weight=4.0) if guarded else None
             logs = []
-            train(backend, engine, base, episodes, config, tmp_path, passages=guard, on_step=logs.append)
+            train(
+                backend, engine, base, episodes, config, tmp_path, guards=[guard] if guard else (), on_step=logs.append
+            )
             lost[guarded] = bare_plain - backend.to_numpy(backend.logprobs(plain)).sum()
             learned[guarded] = backend.to_numpy(backend.logprobs(chosen)).sum() - bare_chosen
             logged[guarded] = [log.passages for log in logs]
@@ -189,7 +191,7 @@ def test_a_passage_guard_rotates_and_scores_its_reference_once_per_expert_group(
     from macaron_local.learn.passages import PassageGuard
 
     guard = PassageGuard([[0, 5, 6], [0, 7], [0, 8, 9, 10], [0]], per_step=2, weight=1.0)
-    assert len(guard.tokens) == 3  # a passage of one token has nothing to score
+    assert len(guard.prompts) == 3  # a passage of one token has nothing to score
     assert [guard.indices(s) for s in range(3)] == [[0, 1], [2, 0], [1, 2]]
     assert guard.rows(1) == ([[0], [0]], [[8, 9, 10], [5, 6]])
     assert PassageGuard([[0, 5]], per_step=2, weight=0.0).per_step == 0  # weight 0: no rows at all

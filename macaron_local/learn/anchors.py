@@ -46,11 +46,16 @@ def pick_anchors(n_new: int, ratio: float, night: int, system_prompt: str) -> li
     their replies are filled in by `answer_anchors`."""
     pool = anchor_prompts()
     count = min(len(pool), math.ceil(ratio * n_new)) if ratio > 0 and n_new else 0
-    chosen = random.Random(night).sample(pool, count)
+    return question_episodes(random.Random(night).sample(pool, count), system_prompt)
+
+
+def question_episodes(questions: Sequence[str], system_prompt: str) -> list[Episode]:
+    """Each question as the chat would send it (system prompt first), routed as the chat routes
+    it, with no reply yet."""
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [
         Episode([*system, {"role": "user", "content": q}], chosen=None, rejected=None, slot=route(q).slot)
-        for q in chosen
+        for q in questions
     ]
 
 

@@ -30,7 +30,7 @@ from macaron_local.learn.arrays import ops_for
 from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, at_scored_positions, make_batch
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
-from macaron_local.learn.passages import PassageGuard
+from macaron_local.learn.guards import RowGuard, guarded_rows, with_guards
 from macaron_local.learn.rewards import content_kept, preference_reward
 
 RewardFn = Callable[[str, Episode], float]
@@ -72,6 +72,13 @@ class LearnConfig:
     # the gate's passage NLL limit is against the base, and chat replies alone never see plain text.
     passage_weight: float = 1.0
     passages_per_step: int = 2
+    # What earlier nights taught, held on `lesson_questions` everyday requests a night
+    # (learn/lesson_guard.py): the deployed version's taught tokens in its answers, held to it
+    # one-sided, `lessons_per_step` rows a step. Night 2's corrections never carry night 1's style, and without this the
+    # style faded from answers to new questions.
+    lesson_weight: float = 1.0
+    lessons_per_step: int = 2
+    lesson_questions: int = 16
     # Start from the deployed personal version's weights (same rank and alpha), not from zero.
     warm_start: bool = True
     # When the gate rejects, the seconds the run may spend on cheaper alternatives (learn.backoff).
@@ -97,6 +104,7 @@ class StepLog:
     seconds: float
     total: int = 0  # the steps this run plans (a night's size follows its new feedback)
     passages: float = 0.0  # the plain-text term (learn/passages.py), before its weight
+    lessons: float = 0.0  # earlier nights' taught tokens (learn/lesson_guard.py), before its weight
 
 
 @dataclass
@@ -189,7 +197,7 @@ def train(
     underneath: Callable[[str], Sequence[AdapterHandle]] | None = None,
     group_of: Callable[[Episode], str] = lambda e: "",
     checkpoint_every: int = 0,
-    passages: PassageGuard | None = None,
+    guards: Sequence[RowGuard] = (),
 ) -> TrainResult:
     """Train the backend's LoRA on `episodes` for `steps` (default `config.steps`); the engine
     samples under `frozen` (the expert) plus the current rollout adapter.
@@ -205,6 +213,8 @@ def train(
     total = steps if steps is not None else config.steps
     result = TrainResult(start=backend.lora_weights())
     reference = kl_reference_weights(result.start, config)
+    for guard in guards:
+        guard.begin(result.start)
     rollout: AdapterHandle | None = None
     for step in range(total):
         if should_stop():
@@ -222,7 +232,7 @@ def train(
         engine.set_adapters([*frozen, *([rollout] if rollout else [])])
         sampled = sample_step(engine, rng, groups[expert_group], expert_group, step, config, reward)
         result.rollout_seconds += time.perf_counter() - started
-        _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step, reference, passages)
+        _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step, reference, guards)
     engine.set_adapters(list(frozen))
     if rollout is not None:
         engine.unload_adapter(rollout)
@@ -304,21 +314,24 @@ def _learn_step(
     checkpoint_every: int,
     on_step: Callable[[StepLog], None] | None,
     reference: dict[str, np.ndarray] | None = None,
-    guard: PassageGuard | None = None,
+    guards: Sequence[RowGuard] = (),
 ) -> None:
     """One optimizer step on `sampled`, logged (and checkpointed every `checkpoint_every`).
-    `reference`: the LoRA weights the KL term holds the policy to (None: the base). `guard`:
-    plain-text passages scored in the same batch, held to the bare experts (learn/passages.py)."""
+    `reference`: the LoRA weights the KL term holds the policy to (None: the base). `guards`:
+    rows scored in the same batch and held in place (learn/guards.py: plain-text passages,
+    earlier nights' lessons)."""
     step, rewards = sampled.step, sampled.rewards
     trained = time.perf_counter()
     rows = len(sampled.prompts)
-    extra_prompts, extra_completions = guard.rows(step) if guard is not None else ([], [])
+    extras = guarded_rows(guards, step, sampled.group)
+    extra_prompts = [p for _, prompts, _ in extras for p in prompts]
+    extra_completions = [c for _, _, completions in extras for c in completions]
     batch = make_batch([*sampled.prompts, *extra_prompts], [*sampled.completions, *extra_completions])
     samples = batch.rows(slice(0, rows))
     objective = grpo_objective(samples, sampled.sampler, rewards, sampled.is_correction, config, backend)
-    if extra_prompts:
-        objective = guard.guard(objective, backend, batch, rows, step, sampled.group)
-    # the KL reference of the samples' rows only (the passages' own is cached by the guard)
+    if extras:
+        objective = with_guards(objective, extras, backend, batch, rows, step, sampled.group)
+    # the KL reference of the samples' rows only (the guards' own are cached by each guard)
     if reference is None:
         held_to = backend.reference_logprobs(samples)
     else:
@@ -338,6 +351,7 @@ def _learn_step(
         kl=outcome.parts["kl"],
         sft=outcome.parts["sft"],
         passages=outcome.parts.get("passages", 0.0),
+        lessons=outcome.parts.get("lessons", 0.0),
         reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
         trainer_tokens=tokens,
         seconds=time.perf_counter() - started,
@@ -421,7 +435,7 @@ def train_on_rollouts(
     should_stop: Callable[[], bool] = lambda: False,
     underneath: Callable[[str], object] | None = None,
     checkpoint_every: int = 0,
-    passages: PassageGuard | None = None,
+    guards: Sequence[RowGuard] = (),
 ) -> TrainResult:
     """The sequential plan's second phase: the trainer steps on rollouts sampled before it was
     loaded (the engine is closed meanwhile). They grow stale as the LoRA moves; the loss
@@ -430,13 +444,13 @@ def train_on_rollouts(
     own, so an off-policy sample is reweighted the same way as the correction in every group."""
     result = TrainResult(start=backend.lora_weights())
     reference = kl_reference_weights(result.start, config)
+    for guard in guards:
+        guard.begin(result.start)
     for sampled in night:
         if should_stop():
             break
         started = time.perf_counter()
         if underneath is not None:
             underneath(sampled.group)  # the group's expert stacked or folded into the trainer
-        _learn_step(
-            backend, sampled, config, result, started, len(night), checkpoint_every, on_step, reference, passages
-        )
+        _learn_step(backend, sampled, config, result, started, len(night), checkpoint_every, on_step, reference, guards)
     return result

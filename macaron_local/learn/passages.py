@@ -22,11 +22,9 @@ import json
 from collections.abc import Sequence
 from importlib import resources
 
-import numpy as np
-
 from macaron_local.engine import Engine
-from macaron_local.learn import losses
-from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, at_scored_positions, make_batch
+from macaron_local.learn.backends.base import Batch, TrainerBackend
+from macaron_local.learn.guards import RowGuard
 
 
 def load_passages() -> list[str]:
@@ -40,49 +38,20 @@ def passage_tokens(engine: Engine, passages: Sequence[str] | None = None) -> lis
     return [engine.tokenize(text, add_bos=True, special=False) for text in texts]
 
 
-class PassageGuard:
-    """The passages of each step, their reference log-probabilities, and the loss term.
+class PassageGuard(RowGuard):
+    """The passages as guarded rows (learn/guards.py), held to the bare experts.
 
     Passages rotate (step s takes the next `per_step` of them), so a night of n steps sees
-    n x per_step passages in turn. The reference is computed once per passage and expert group
-    (`backend.reference_logprobs`: the LoRA off, the group's expert under it), since the bare
-    experts do not change during a night."""
+    n x per_step passages in turn. Each passage's first token is the context and every later
+    one is scored, as `regression.passage_nll` scores a passage. The reference is the LoRA off
+    (`backend.reference_logprobs`, the group's expert under it), since the bare experts do not
+    change during a night."""
+
+    name = "passages"
 
     def __init__(self, tokens: Sequence[Sequence[int]], per_step: int, weight: float) -> None:
-        self.tokens = [list(t) for t in tokens if len(t) > 1]
-        self.per_step = per_step if self.tokens and weight > 0 else 0
-        self.weight = weight
-        self._reference: dict[tuple[str, int], np.ndarray] = {}
+        kept = [list(t) for t in tokens if len(t) > 1]
+        super().__init__([t[:1] for t in kept], [t[1:] for t in kept], per_step, weight)
 
-    def indices(self, step: int) -> list[int]:
-        n = len(self.tokens)
-        return [(step * self.per_step + i) % n for i in range(min(self.per_step, n))]
-
-    def rows(self, step: int) -> tuple[list[list[int]], list[list[int]]]:
-        """(prompts, completions) to append to the step's batch: the first token is the context,
-        every later one is scored, as `regression.passage_nll` scores a passage."""
-        chosen = [self.tokens[i] for i in self.indices(step)]
-        return [t[:1] for t in chosen], [t[1:] for t in chosen]
-
-    def _reference_for(self, backend: TrainerBackend, group: str, index: int) -> np.ndarray:
-        key = (group, index)
-        if key not in self._reference:
-            tokens = self.tokens[index]
-            batch = make_batch([tokens[:1]], [tokens[1:]])
-            values = backend.to_numpy(backend.reference_logprobs(batch))[0]
-            self._reference[key] = values[np.asarray(batch.mask[0]) != 0]
-        return self._reference[key]
-
-    def guard(self, objective: Objective, backend: TrainerBackend, batch: Batch, rows: int, step: int, group: str):
-        """`objective` on the batch's first `rows` rows (the step's samples), plus the passage
-        term on the rest. `batch` is the step's samples followed by `rows(step)`."""
-        cached = [self._reference_for(backend, group, index) for index in self.indices(step)]
-        reference_arr = backend.asarray(at_scored_positions(batch.rows(slice(rows, None)), cached))
-        weight = self.weight
-
-        def guarded(logp, held_to, mask_arr):
-            loss, parts = objective(logp[:rows], held_to[:rows], mask_arr[:rows])
-            kept = losses.excess_nll(logp[rows:], reference_arr, mask_arr[rows:])
-            return loss + weight * kept, {**parts, "passages": kept}
-
-        return guarded
+    def reference(self, backend: TrainerBackend, batch: Batch):
+        return backend.reference_logprobs(batch)

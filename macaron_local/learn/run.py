@@ -37,6 +37,8 @@ from macaron_local.learn.anchors import answer_anchors, pick_anchors
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
 from macaron_local.learn.export import ParityReport, export_gguf, parity_check, parity_from_effects, trainer_effects
+from macaron_local.learn.guards import RowGuard
+from macaron_local.learn.lesson_guard import lesson_guard, lesson_questions
 from macaron_local.learn.loop import (
     LearnConfig,
     StepLog,
@@ -243,7 +245,7 @@ def learn_personal(
     ):
         experts = Experts(engine, catalog, manifest, base)
         plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
-        guard = _passage_guard(engine, config)
+        guards = _guards(engine, config, experts, deployed, plan.night, system_prompt)
         backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, experts)
         result = train(
             backend,
@@ -258,7 +260,7 @@ def learn_personal(
             underneath=experts.underneath,
             group_of=experts.group,
             checkpoint_every=config.refresh_every,
-            passages=guard,
+            guards=guards,
         )
         if len(result.steps) < plan.steps:
             return _interrupted(store, plan, result)
@@ -274,11 +276,11 @@ def learn_personal(
             return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE)
 
         def retrain() -> Candidate:
-            return _retrain(backend, engine, base, plan, config, workdir, experts, result.start, guard)
+            return _retrain(backend, engine, base, plan, config, workdir, experts, result.start, guards)
 
         return _gate_and_record(
             store, manifest, engine, experts, plan, config, deployed, result, backend.lora_weights(), started,
-            train_wall, start_note, system_prompt, serve, prepare, retrain, {},
+            train_wall, start_note, system_prompt, serve, prepare, retrain, _guard_figures(guards),
         )  # fmt: skip
 
 
@@ -489,7 +491,7 @@ def _learn_sequential(
         with open_engine(engine_config, engine_settings(catalog.settings)) as engine:
             experts = Experts(engine, catalog, manifest, base)
             plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
-            guard = _passage_guard(engine, config)
+            guards = _guards(engine, config, experts, deployed, plan.night, system_prompt)
             night, rollout_s = sample_night(
                 engine,
                 plan.train,
@@ -529,7 +531,7 @@ def _learn_sequential(
             should_stop=should_stop,
             underneath=trainer_experts.underneath,
             checkpoint_every=config.refresh_every,
-            passages=guard,
+            guards=guards,
         )
         result.rollout_seconds = rollout_s
         phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
@@ -564,7 +566,8 @@ def _learn_sequential(
             return _gate_and_record(
                 store, manifest, engine, experts, plan, config, deployed, result, final_weights, started,
                 train_wall, start_note, system_prompt, serve, prepare, None,
-                {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)},
+                {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)}
+                | _guard_figures(guards),
             )  # fmt: skip
 
 
@@ -580,13 +583,35 @@ def _free_accelerator_cache() -> None:
         mx.clear_cache()
 
 
-def _passage_guard(engine, config: LearnConfig) -> PassageGuard:
-    """The plain-text passages every step keeps the model on (tokenized while the engine is open)."""
-    return PassageGuard(passage_tokens(engine), config.passages_per_step, config.passage_weight)
+def _guard_figures(guards: list[RowGuard]) -> dict:
+    """What the night held besides its feedback: the lesson rows and their taught tokens."""
+    lessons = [g for g in guards if g.name == "lessons"]
+    return {
+        "lesson_rows": sum(len(g.prompts) for g in lessons),
+        "lesson_tokens": int(sum(sum(m) for g in lessons for m in g.masks or [])),
+    }
+
+
+def _guards(
+    engine: Engine, config: LearnConfig, experts: Experts, deployed, night: int, system_prompt: str
+) -> list[RowGuard]:
+    """The rows every step holds in place, built while the engine is open: the plain-text
+    passages (learn/passages.py) and, on a night that continues a deployed version, that
+    version's lessons on everyday requests (learn/lesson_guard.py)."""
+    guards: list[RowGuard] = [PassageGuard(passage_tokens(engine), config.passages_per_step, config.passage_weight)]
+    questions = lesson_questions(config.lesson_questions, night, system_prompt)
+    if deployed is not None and config.warm_start and config.lesson_weight > 0 and questions:
+        handle = engine.load_adapter(deployed.path)
+        stacks = experts.stack(None), experts.stack(handle)
+        guards.append(
+            lesson_guard(engine, questions, *stacks, experts.group, config.lessons_per_step, config.lesson_weight)
+        )
+        engine.unload_adapter(handle)
+    return guards
 
 
 def _retrain(
-    backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial, guard: PassageGuard
+    backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial, guards: list[RowGuard]
 ) -> Candidate:
     """The last fallback: the night again from its start, half the step size, 4x the KL anchor."""
     gentler = dataclasses.replace(config, lr=config.lr / 2, kl_beta=config.kl_beta * 4, seed=config.seed + 1)
@@ -602,7 +627,7 @@ def _retrain(
         steps=plan.steps,
         underneath=experts.underneath,
         group_of=experts.group,
-        passages=guard,
+        guards=guards,
     )
     experts.underneath("")
     return Candidate("retrain-gentler", len(result.steps), gentler.lr, gentler.kl_beta, backend.lora_weights())
