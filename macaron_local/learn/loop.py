@@ -74,9 +74,10 @@ class LearnConfig:
     passages_per_step: int = 2
     # What earlier nights taught, held on `lesson_questions` everyday requests a night
     # (learn/lesson_guard.py): the deployed version's taught tokens in its answers, held to it
-    # one-sided, `lessons_per_step` rows a step. Night 2's corrections never carry night 1's style, and without this the
-    # style faded from answers to new questions.
-    lesson_weight: float = 1.0
+    # one-sided, `lessons_per_step` rows a step. Off by default (0): on three second nights it
+    # kept bullets better (0.625 -> 0.875) but lost a greeting prompt in one of two runs, and
+    # the new fact reached 0.875 instead of 1.0 in both (README, "Two nights").
+    lesson_weight: float = 0.0
     lessons_per_step: int = 2
     lesson_questions: int = 16
     # Start from the deployed personal version's weights (same rank and alpha), not from zero.
