@@ -64,12 +64,24 @@ def answer_anchors(
 ) -> list[Episode]:
     """Each anchor with the bare experts' greedy answer as its chosen reply (served as the chat
     serves it); an empty answer drops the anchor."""
-    params = GenerationParams(max_tokens=ANCHOR_TOKENS, temperature=0.0, repeat_penalty=1.1)
     answered = []
-    for anchor in anchors:
-        engine.set_adapters(list(stack(anchor.slot)))
-        text = engine.generate(engine.render_tokens(anchor.messages), params).text.strip()
+    for anchor, (_, done) in zip(anchors, greedy_replies(engine, anchors, stack), strict=True):
+        text = done.text.strip()
         if text:
             answered.append(Episode(anchor.messages, chosen=text, rejected=None, slot=anchor.slot, content_only=True))
-    engine.set_adapters([])
     return answered
+
+
+def greedy_replies(
+    engine: Engine, questions: Sequence[Episode], stack: Callable[[str], Sequence[AdapterHandle]]
+) -> list[tuple[list[int], object]]:
+    """(prompt tokens, generation) of each question's greedy reply under its expert's `stack`,
+    as the chat serves it, at most `ANCHOR_TOKENS` long (anchors and lesson_guard share it)."""
+    params = GenerationParams(max_tokens=ANCHOR_TOKENS, temperature=0.0, repeat_penalty=1.1)
+    replies = []
+    for question in questions:
+        engine.set_adapters(list(stack(question.slot)))
+        prompt = engine.render_tokens(question.messages)
+        replies.append((prompt, engine.generate(prompt, params)))
+    engine.set_adapters([])
+    return replies

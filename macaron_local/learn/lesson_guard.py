@@ -32,16 +32,13 @@ from importlib import resources
 
 import numpy as np
 
-from macaron_local.engine import AdapterHandle, Engine, GenerationParams
-from macaron_local.learn.anchors import anchor_prompts, question_episodes
+from macaron_local.engine import Engine
+from macaron_local.learn.anchors import anchor_prompts, greedy_replies, question_episodes
 from macaron_local.learn.backends.base import Batch, TrainerBackend
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.guards import RowGuard
 from macaron_local.learn.loop import adapts, logprobs_at
-from macaron_local.learn.retention import logprobs_under, taught_masks
-
-Stack = Callable[[str], Sequence[AdapterHandle]]
-LESSON_TOKENS = 48
+from macaron_local.learn.retention import Stack, logprobs_under, taught_masks
 
 
 def lesson_questions(count: int, night: int, system_prompt: str) -> list[Episode]:
@@ -56,16 +53,16 @@ class LessonGuard(RowGuard):
 
     name = "lessons"
     start: dict[str, np.ndarray] | None = None
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.wanted_per_step = self.per_step
+    active = True  # `begin` turns it off for a night that starts from zero
 
     def begin(self, start: dict[str, np.ndarray] | None) -> None:
         """Hold to `start`; a night that did not start from a learned version has no lessons."""
         self.start = start
+        self.active = adapts(start)
         self._reference.clear()
-        self.per_step = self.wanted_per_step if adapts(start) else 0
+
+    def indices(self, step: int, group: str = "") -> list[int]:
+        return super().indices(step, group) if self.active else []
 
     def reference(self, backend: TrainerBackend, batch: Batch):
         return backend.asarray(logprobs_at(backend, batch, self.start or {}))
@@ -83,16 +80,11 @@ def lesson_guard(
     """The guard for `questions` (episodes whose `messages` end with the user's question): each
     answered greedily under `deployed`, its taught tokens found against `bare`. Answers with no
     taught token are left out (the deployed version did not change them)."""
-    params = GenerationParams(max_tokens=LESSON_TOKENS, temperature=0.0, repeat_penalty=1.1)
     answered = []
-    for question in questions:
-        engine.set_adapters(list(deployed(question.slot)))
-        prompt = engine.render_tokens(question.messages)
-        done = engine.generate(prompt, params)
+    for question, (prompt, done) in zip(questions, greedy_replies(engine, questions, deployed), strict=True):
         completion = done.tokens + ([done.stop_token] if done.stop_token is not None else [])
         if completion:
             answered.append((question, (prompt, completion)))
-    engine.set_adapters([])
     samples = [(q.slot, tokens) for q, tokens in answered]
     masks = taught_masks(logprobs_under(engine, deployed, samples), logprobs_under(engine, bare, samples))
     kept = [(q, tokens, m) for (q, tokens), m in zip(answered, masks, strict=True) if m.any()]

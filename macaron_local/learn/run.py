@@ -38,7 +38,7 @@ from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
 from macaron_local.learn.export import ParityReport, export_gguf, parity_check, parity_from_effects, trainer_effects
 from macaron_local.learn.guards import RowGuard
-from macaron_local.learn.lesson_guard import lesson_guard, lesson_questions
+from macaron_local.learn.lesson_guard import LessonGuard, lesson_guard, lesson_questions
 from macaron_local.learn.loop import (
     LearnConfig,
     StepLog,
@@ -585,7 +585,7 @@ def _free_accelerator_cache() -> None:
 
 def _guard_figures(guards: list[RowGuard]) -> dict:
     """What the night held besides its feedback: the lesson rows and their taught tokens."""
-    lessons = [g for g in guards if g.name == "lessons"]
+    lessons = [g for g in guards if isinstance(g, LessonGuard)]
     return {
         "lesson_rows": sum(len(g.prompts) for g in lessons),
         "lesson_tokens": int(sum(sum(m) for g in lessons for m in g.masks or [])),
@@ -599,8 +599,8 @@ def _guards(
     passages (learn/passages.py) and, on a night that continues a deployed version, that
     version's lessons on everyday requests (learn/lesson_guard.py)."""
     guards: list[RowGuard] = [PassageGuard(passage_tokens(engine), config.passages_per_step, config.passage_weight)]
-    questions = lesson_questions(config.lesson_questions, night, system_prompt)
-    if deployed is not None and config.warm_start and config.lesson_weight > 0 and questions:
+    if deployed is not None and config.warm_start and config.lesson_weight > 0 and config.lesson_questions > 0:
+        questions = lesson_questions(config.lesson_questions, night, system_prompt)
         handle = engine.load_adapter(deployed.path)
         stacks = experts.stack(None), experts.stack(handle)
         guards.append(
