@@ -165,6 +165,30 @@ def test_every_candidate_is_recorded_and_the_best_passing_one_is_deployed(expert
             assert sum(v.status == "deployed" for v in versions) == 1
 
 
+def test_a_continued_night_holds_the_deployed_versions_lessons_on_everyday_requests(experts_home):
+    """The run-level path of learn/lesson_guard.py: off on a night from zero, and on a night that
+    continues a deployed version (lesson_weight > 0) the deployed version's taught tokens on
+    everyday requests ride in the steps and are recorded in the run's figures."""
+    home, _, _, catalog, manifest = experts_home
+    with open_default_store(home) as store:
+        seed(store, 8, "L0")
+        night_one_logs: list = []
+        [night1] = learn_once(store, catalog, manifest, config(lesson_weight=1.0), on_step=night_one_logs.append)
+        assert (night1.metrics["lesson_rows"], night1.metrics["lesson_tokens"]) == (0, 0)  # nothing to hold yet
+        assert night_one_logs and all(log.lessons == 0.0 for log in night_one_logs)
+        if night1.decision != "deployed":
+            store.deploy_adapter(night1.version_id)
+        seed(store, 8, "L0", first=8)
+        logs: list = []
+        [night2] = learn_once(
+            store, catalog, manifest, config(lesson_weight=1.0, lesson_questions=6), on_step=logs.append
+        )
+        assert night2.metrics["start"].startswith("continued from the deployed version")
+        rows, tokens = night2.metrics["lesson_rows"], night2.metrics["lesson_tokens"]
+        assert 1 <= rows <= 6 and tokens >= rows  # each kept answer has at least one taught token
+        assert logs[0].lessons < 1e-4 < max(log.lessons for log in logs)  # held to where the night began
+
+
 def test_forget_withdraws_every_version_that_learned_it_and_the_next_night_retrains_without_it(experts_home):
     home, model, adapters, catalog, manifest = experts_home
     with open_default_store(home) as store:
