@@ -10,6 +10,7 @@ from pathlib import Path
 from macaron_local.engine import Engine, EngineConfig, GenerationParams
 from macaron_local.learn.anchors import ANCHOR_TOKENS, anchor_prompts, answer_anchors, pick_anchors
 from macaron_local.learn.episodes import Episode
+from macaron_local.learn.lesson_guard import lesson_questions
 from macaron_local.learn.loop import LearnConfig, default_reward, sample_step
 from macaron_local.learn.regression import load_regression_set
 from macaron_local.learn.rewards import content_kept, preference_reward
@@ -21,8 +22,12 @@ ROOT = Path(__file__).parents[1]
 
 
 def test_the_pool_shares_nothing_with_the_regression_set_or_the_scenarios():
+    """Neither the anchors nor the lesson guard's everyday requests (learn/lesson_guard.py) may
+    be a prompt the gate or a benchmark judges on: a night would train on its own exam."""
     pool = {p.lower() for p in anchor_prompts()}
     assert len(pool) == len(anchor_prompts()) >= 24
+    pool |= {q.messages[-1]["content"].lower() for q in lesson_questions(10_000, 0, "")}
+    assert len(pool) >= 24 + 32
     judged = {q["question"].lower() for q in load_regression_set()["questions"]}
     scenario_prompts = set()
     for folder in (ROOT / "bench" / "scenarios", ROOT.parent / "shared" / "scenarios"):
