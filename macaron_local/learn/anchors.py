@@ -29,7 +29,7 @@ import random
 from collections.abc import Callable, Sequence
 from importlib import resources
 
-from macaron_local.engine import AdapterHandle, Engine, GenerationParams
+from macaron_local.engine import AdapterHandle, Completion, Engine, GenerationParams
 from macaron_local.learn.episodes import Episode
 from macaron_local.router import route
 
@@ -74,7 +74,7 @@ def answer_anchors(
 
 def greedy_replies(
     engine: Engine, questions: Sequence[Episode], stack: Callable[[str], Sequence[AdapterHandle]]
-) -> list[tuple[list[int], object]]:
+) -> list[tuple[list[int], Completion]]:
     """(prompt tokens, generation) of each question's greedy reply under its expert's `stack`,
     as the chat serves it, at most `ANCHOR_TOKENS` long (anchors and lesson_guard share it)."""
     params = GenerationParams(max_tokens=ANCHOR_TOKENS, temperature=0.0, repeat_penalty=1.1)
