@@ -19,6 +19,7 @@ from macaron_local.learn import losses
 from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.export import export_gguf, parity_check
+from macaron_local.learn.run import PARITY_REL_TOLERANCE, PARITY_TOLERANCE
 
 PROMPT, COMPLETION = [0, 5, 17, 33, 9, 9, 41, 2], [12, 60, 7, 1, 25]
 # transformers' GGUF loader takes qwen3's head_dim from its own default (128), so the tiny qwen3
@@ -177,6 +178,24 @@ def test_exported_adapter_passes_parity_and_a_stale_one_fails(backend_name, tiny
         randomize_lora_b(backend, 0.5, seed=8)  # the trainer moves on: the old export no longer matches
         stale = parity_check(engine, adapter, backend, samples, tolerance=1e-4)
     assert not stale.ok and "FAILED" in stale.summary()
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_the_shipped_parity_rule_still_catches_a_stale_export_of_a_strong_adapter(backend_name, tiny, tmp_path):
+    """The shipped rule lets a token differ by a share of its own effect (quantization's residual
+    grows with it); an export of other weights of the same strength must still fail."""
+    backend = trainer_for(backend_name, tiny)
+    randomize_lora_b(backend, 8.0, seed=3)
+    base = BaseModelInfo.from_gguf(tiny.path)
+    adapter = export_gguf(backend, base, tmp_path / "personal.gguf", task_name="L0 Chat")
+    assert np.abs(completion_logprobs(backend) - completion_logprobs(backend, lora=False)).max() > 2.0  # strong
+    samples = [(PROMPT, COMPLETION), ([1, 2, 3], [4, 5, 6, 7])]
+    with engine_for(tiny) as engine:
+        right = parity_check(engine, adapter, backend, samples, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
+        randomize_lora_b(backend, 8.0, seed=4)
+        stale = parity_check(engine, adapter, backend, samples, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
+    assert right.ok, right.summary()
+    assert not stale.ok and "+ 0.25 x the token's effect" in stale.summary()
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

@@ -84,7 +84,14 @@ def learn_personal_remote(
     should_stop: Callable[[], bool],
     on_notice: Callable[[str], None] | None = None,
 ):
-    from macaron_local.learn.run import PARITY_TOLERANCE, PERSONAL_SLOT, Experts, _gate_and_record, _interrupted
+    from macaron_local.learn.run import (
+        PARITY_REL_TOLERANCE,
+        PARITY_TOLERANCE,
+        PERSONAL_SLOT,
+        Experts,
+        _gate_and_record,
+        _interrupted,
+    )
 
     if not config.remote_base_model:
         raise InvalidInputError("[learn] remote_base_model must name the service's base (e.g. Qwen/Qwen3.6-35B-A3B)")
@@ -148,7 +155,7 @@ def learn_personal_remote(
                     pair.b = pair.b * np.float32(candidate.scale)
                 file = write_adapter(workdir / f"candidate-{candidate.name}.gguf", adapter, dtype="F16")
             report: ParityReport = parity_from_effects(
-                engine, file, samples, [e * candidate.scale for e in effects], PARITY_TOLERANCE
+                engine, file, samples, [e * candidate.scale for e in effects], PARITY_TOLERANCE, PARITY_REL_TOLERANCE
             )
             return file, report
 

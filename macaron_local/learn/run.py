@@ -62,10 +62,14 @@ from macaron_local.store import Store
 
 MAX_NLL_INCREASE = gate.MAX_NLL_INCREASE
 #: The adapter's effect may differ by this much (nats, any token) between llama.cpp's quantized
-#: base and the trainer's dequantized copy. Measured: 0.41 on the embedded Q4_1 model after the
-#: tldr scenario, where the adapter moves the first token by many nats; float32 bases agree to
-#: about 1e-6. A broken export (wrong rows, a missing pair) differs by the whole effect.
+#: base and the trainer's dequantized copy, plus PARITY_REL_TOLERANCE of the token's own effect.
+#: Measured on the embedded model: the residual grows with the effect (the largest, 0.7 to 0.95
+#: nats, sat on tokens the adapter moved 5 to 8 nats, 10 to 18% of it; relative L2 error 4 to
+#: 8%), so a fixed 1-nat limit alone rejected strong candidates that were exported correctly
+#: (1.02 and 1.39 nats). Float32 bases agree to about 1e-6. A broken export (stale or missing
+#: pairs, a wrong scale) differs by the whole effect or a large share of it.
 PARITY_TOLERANCE = 1.0
+PARITY_REL_TOLERANCE = 0.25
 GATE_REPLY = gate.GATE_REPLY
 HALF = 0.5
 
@@ -273,7 +277,7 @@ def learn_personal(
             file = export_gguf(
                 backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
             )
-            return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE)
+            return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
 
         def retrain() -> Candidate:
             return _retrain(backend, engine, base, plan, config, workdir, experts, result.start, guards)
@@ -367,6 +371,7 @@ def _gate_and_record(
             reasons.insert(0, parity.summary())
         figures["parity_max_abs_diff"] = round(parity.max_abs_diff, 5)
         figures["parity_mean_abs_diff"] = round(parity.mean_abs_diff, 5)
+        figures["parity_max_excess"] = round(parity.max_excess, 5)
         candidate.reasons, candidate.figures, candidate.passed = reasons, figures, not reasons
         engine.set_adapters([])
         engine.unload_adapter(handle)
@@ -560,7 +565,7 @@ def _learn_sequential(
 
             def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
                 file, effects = prepared[candidate.name]
-                return file, parity_from_effects(engine, file, samples, effects, PARITY_TOLERANCE)
+                return file, parity_from_effects(engine, file, samples, effects, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
 
             phases.append("gate: engine reopened for parity and the gate, no trainer loaded")
             return _gate_and_record(
