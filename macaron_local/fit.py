@@ -141,7 +141,11 @@ def verdict(ram_bytes: int, disk_free_bytes: int | None, dtype: str = TALL_EXPER
     need_disk = BASE_Q4_K_M_BYTES + N_EXPERTS_TALL * one
     resident = experts_that_fit(ram_bytes, dtype)
     ram_gb, need_gb = ram_bytes / 1e9, (BASE_Q4_K_M_BYTES + one + RUNTIME_OVERHEAD_BYTES) / 1e9
-    disk = "" if disk_free_bytes is None else f", disk {disk_free_bytes / 1e9:.0f} GB free of {need_disk / 1e9:.0f} GB"
+    disk = (
+        ""
+        if disk_free_bytes is None
+        else f"; {disk_free_bytes / 1e9:.0f} GB of disk free, its installed files take {need_disk / 1e9:.0f} GB"
+    )
     if resident < 1:
         return False, f"Tall does not fit: {ram_gb:.0f} GB RAM, needs at least {need_gb:.0f} GB ({dtype} experts){disk}"
     if disk_free_bytes is not None and disk_free_bytes < need_disk:
