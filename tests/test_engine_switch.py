@@ -129,6 +129,23 @@ def test_same_file_loads_once(two_adapters, tmp_path):
         assert engine.load_adapter(a) is engine.load_adapter(copy)
 
 
+def test_closing_the_engine_stops_a_reply_being_written_on_another_thread(tiny_model):
+    """A front end that closes while a reply streams (the chat app quitting, a server stopping)
+    must not wait for the whole reply: the stream stops at its next token and close() returns."""
+    model = tiny_model("llama", False)
+    engine = open_engine(model.path)
+    generation = engine.stream(PROMPT, GenerationParams(max_tokens=50, temperature=0.0, min_p=0.0))
+    closer = threading.Thread(target=engine.close)
+    for i, _ in enumerate(generation):
+        if i == 2:
+            closer.start()
+            closer.join(0.2)
+            assert closer.is_alive()  # the stream holds the engine until its next token
+    closer.join(10)
+    assert not closer.is_alive() and engine.llm is None
+    assert generation.result.finish_reason in ("cancelled", "stop") and len(generation.result.tokens) <= 4
+
+
 def test_cancel_stops_generation(tiny_model):
     model = tiny_model("llama", False)
     cancel = threading.Event()

@@ -190,6 +190,7 @@ class Engine(AdapterSet):
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"llama.cpp could not load {config.model_path}: {exc}") from None
         self._lock = threading.RLock()
+        self._closing = threading.Event()  # set by close(): a reply being written stops at its next token
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self._n_vocab = self.llm.n_vocab()
         self._adapters: OrderedDict[str, AdapterHandle] = OrderedDict()  # resident, least recently used first
@@ -485,7 +486,7 @@ class Engine(AdapterSet):
                         result.ttft_ms = (time.perf_counter() - started) * 1000
                         if self._whole_state_only and self._remember:  # the state holds exactly the prompt
                             self._checkpoint = self._snapshot()  # (a one-off view's is never reused)
-                    if cancel is not None and cancel.is_set():
+                    if (cancel is not None and cancel.is_set()) or self._closing.is_set():
                         result.finish_reason = "cancelled"
                         break
                     if self.is_end_of_generation(token):
@@ -618,6 +619,9 @@ class Engine(AdapterSet):
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:
+        """Free the model. A reply still being written on another thread holds the engine until
+        its next token; it stops there (finish reason `cancelled`) instead of running to the end."""
+        self._closing.set()
         with self._lock:
             if getattr(self, "llm", None) is None:
                 return

@@ -6,6 +6,7 @@ The app holds no business logic: it owns a `Session` and hands it to the screens
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -102,6 +103,17 @@ class MacaronApp(App[None]):
         yield SystemCommand("Learning panel", "What learning did and when (Ctrl+L)", chat.action_learning)
         yield SystemCommand("Keys", "Every key binding (F1)", chat.action_help)
 
-    def on_unmount(self) -> None:
+    async def action_quit(self) -> None:
+        """Stop the reply being written before leaving: its worker posts every token to this
+        loop and holds the engine, so closing the session under it would wait forever."""
+        chat = self.chat
+        if chat is not None:
+            await chat.stop_generating()
+        self.exit()
+
+    async def on_unmount(self) -> None:
+        """Close the session off the loop. A reply still being written (any way out but Ctrl+Q)
+        stops at its next token once the engine closes, but only if the loop is free to take
+        that token from its worker."""
         if self.session is not None:
-            self.session.close()
+            await asyncio.to_thread(self.session.close)

@@ -91,9 +91,12 @@ class ChatScreen(Screen):
         self._unsubscribe = self.session.on_adapters_changed(self._adapters_changed)
         self.load_model()
 
-    def on_unmount(self) -> None:
+    async def on_unmount(self) -> None:
+        """Leaving by any way (Ctrl+Q already did this): the reply being written stops and its
+        worker finishes (the turn is stored) before the app closes the session under it."""
         if self._unsubscribe is not None:
             self._unsubscribe()
+        await self.stop_generating()
 
     # ----------------------------------------------------------------- learned adapters
     def _adapters_changed(self) -> None:
@@ -273,6 +276,14 @@ class ChatScreen(Screen):
     def action_cancel(self) -> None:
         if self.generating:
             self.cancel_event.set()
+
+    async def stop_generating(self) -> None:
+        """Cancel the reply being written and wait for its worker without blocking the loop (the
+        worker hands each token to it)."""
+        self.action_cancel()
+        running = [w for w in self.app.workers if w.node is self and w.group == "generate" and w.is_running]
+        if running:
+            await self.app.workers.wait_for_complete(running)
 
     # ----------------------------------------------------------------- feedback
     @on(MessageView.Action)
