@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 
 import pytest
 from conftest import run_cli
@@ -90,6 +91,33 @@ def test_a_denied_call_runs_nothing_and_the_model_is_told(home, workspace):
     [rating] = feedback
     assert (rating.kind, rating.value, rating.message_id) == ("rating", -1, turn.steps[0].call_message_id)
     assert rating.text.startswith("tool call write_file denied")
+
+
+def test_a_request_stopped_while_a_call_waits_runs_nothing_more_and_rates_nothing(home, workspace):
+    """The user left (or pressed Esc) while the approval was asked: the call is denied, the tool
+    result is stored so the tree stays whole, no further call is made and nothing is rated (a call
+    turned down by leaving was not judged). With tool_choice forcing a call on every step, a
+    request that ignored the stop would ask again."""
+    cancel = threading.Event()
+    asked = []
+
+    def leave(request):
+        asked.append(request)
+        cancel.set()
+        return "deny"
+
+    with Session(home, engine_config={"n_ctx": 2048}) as session:
+        agent = agent_in(session, workspace, leave)
+        turn = agent.run(
+            REQUEST, expert="L1", params=PARAMS, tool_choice="write_file", after_result="write_file", cancel=cancel
+        )
+        conversation = session.store.get_conversation(session.conversation_id)
+    assert turn.cancelled and len(asked) == 1 and list(workspace.iterdir()) == []
+    assert [s.status for s in turn.steps] == ["denied"]
+    assert turn.reply.completion.finish_reason == "cancelled"
+    assert conversation.feedback == []
+    [called] = [t for t in conversation.turns if t.tool_calls]
+    assert called.message_id == turn.steps[0].call_message_id
 
 
 def test_a_file_that_says_to_write_never_gets_an_unapproved_write(home, workspace):

@@ -12,11 +12,14 @@ The tool's result is a `tool` message: context for the episodes, never trained a
 own output.
 A call the sandbox refuses is refused before the user is asked; a denied call runs nothing
 and the model is told so as the tool's result.
+A request that is stopped (the user pressed Esc or left) runs no further call and is not
+rated: a call turned down because the user left says nothing about the call.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,6 +61,7 @@ class AgentTurn:
     reply: Any  # the session's Reply that ended the request (text, or the last call at the limit)
     steps: list[ToolStep] = field(default_factory=list)
     stopped_at_limit: bool = False
+    cancelled: bool = False
 
 
 def experience(steps: Sequence[ToolStep]) -> tuple[int, str] | None:
@@ -99,29 +103,38 @@ class Agent:
         tool_choice: str = "auto",
         after_result: str = "auto",
         role: str = "user",
+        cancel: threading.Event | None = None,
     ):
-        """Answer `text`, running the tools it calls; returns an AgentTurn."""
+        """Answer `text`, running the tools it calls; returns an AgentTurn. Once `cancel` is set
+        the reply being written stops, no further call runs and nothing is rated."""
         session = self.session
-        reply = session.send(text, expert=expert, params=params, tools=self.tools, tool_choice=tool_choice, role=role)
+        stopped = cancel.is_set if cancel is not None else lambda: False
+        reply = session.send(
+            text, expert=expert, params=params, tools=self.tools, tool_choice=tool_choice, role=role, cancel=cancel
+        )
         reply.wait()
         steps: list[ToolStep] = []
         for step_number in range(self.config.max_steps):
-            calls = self.calls_in(reply)
+            calls = [] if stopped() else self.calls_in(reply)
             if not calls:
-                return AgentTurn(reply, steps)
+                return AgentTurn(reply, steps, cancelled=stopped())
             done = [self.execute(call, reply.message_id) for call in calls]
             for index, step in enumerate(done[:-1]):
                 session.add_history([{"role": "tool", "content": step.result}])
                 done[index] = replace(step, result_message_id=session.leaf_id)
             choice = "none" if step_number + 1 == self.config.max_steps else after_result
-            reply = session.send(done[-1].result, role="tool", params=params, tools=self.tools, tool_choice=choice)
+            reply = session.send(
+                done[-1].result, role="tool", params=params, tools=self.tools, tool_choice=choice, cancel=cancel
+            )
             reply.wait()
             done[-1] = replace(done[-1], result_message_id=reply.user_message_id)
             session.record_tool_calls(done[0].call_message_id, [s.record() for s in done])
             signal = experience(done)
-            if signal is not None:
+            if signal is not None and not stopped():
                 session.rate(done[0].call_message_id, *signal)
             steps += done
+        if stopped():
+            return AgentTurn(reply, steps, cancelled=True)
         return AgentTurn(reply, steps, stopped_at_limit=bool(self.calls_in(reply)))
 
     def calls_in(self, reply) -> list[ToolCall]:

@@ -26,7 +26,9 @@ from macaron_ui.widgets.prompt import PromptInput
 class MacaronApp(App[None]):
     CSS_PATH = Path(__file__).with_name("app.tcss")
     TITLE = "macaron"
-    BINDINGS = [Binding("ctrl+q", "quit", "Quit")]
+    # Priority, so it also works over a modal: the approval modal stands between the user and a
+    # worker that waits for its answer.
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True)]
 
     def __init__(
         self,

@@ -168,6 +168,7 @@ class ChatScreen(Screen):
         prompt.remember(text)
         prompt.value = ""
         if self.tools_enabled():
+            self.cancel_event = threading.Event()
             self.generating = True
             self.run_worker(self.show_request(text))
             self.run_agent(text)
@@ -187,16 +188,22 @@ class ChatScreen(Screen):
         self.transcript.scroll_end(animate=False)
 
     def ask_approval(self, request: ApprovalRequest) -> str:
-        """From the agent's worker thread: show the modal and wait for the user's answer."""
+        """From the agent's worker thread: show the modal and wait for the user's answer, or
+        for the request to be stopped (leaving the app closes the modal; this is the backstop)."""
         answered = threading.Event()
         answer = {"value": "deny"}
+        cancel = self.cancel_event
 
         def chosen(value: str | None) -> None:
             answer["value"] = value or "deny"
             answered.set()
 
+        if cancel.is_set():
+            return "deny"
         self.app.call_from_thread(self.app.push_screen, ToolApprovalScreen(request), chosen)
-        answered.wait()
+        while not answered.wait(0.2):
+            if cancel.is_set():
+                return "deny"
         return answer["value"]
 
     @work(thread=True, exclusive=True, group="generate")
@@ -214,8 +221,9 @@ class ChatScreen(Screen):
                     call(self.set_status, f"tool {step.name}: {step.approval}, {step.status}", True)
 
                 agent = Agent(self.session, toolbox.tools, Approvals(self.ask_approval), toolbox.config, shown)
-                turn = agent.run(text, tool_choice=toolbox.config.tool_choice)
-            call(self.set_status, f"{len(steps)} tool call(s) · {turn.reply.route.slot} answered")
+                turn = agent.run(text, tool_choice=toolbox.config.tool_choice, cancel=self.cancel_event)
+            stopped = " · stopped" if turn.cancelled else ""
+            call(self.set_status, f"{len(steps)} tool call(s) · {turn.reply.route.slot} answered{stopped}")
         except MacaronError as exc:
             call(self.set_status, f"[red]{exc}[/red]")
         finally:
@@ -281,6 +289,8 @@ class ChatScreen(Screen):
         """Cancel the reply being written and wait for its worker without blocking the loop (the
         worker hands each token to it)."""
         self.action_cancel()
+        if isinstance(self.app.screen, ToolApprovalScreen):
+            self.app.screen.dismiss(None)  # the call waiting for approval is denied, not left waiting
         running = [w for w in self.app.workers if w.node is self and w.group == "generate" and w.is_running]
         if running:
             await self.app.workers.wait_for_complete(running)
