@@ -247,41 +247,50 @@ async def test_a_1mb_paste_shows_a_clear_error_and_the_app_stays_usable(settings
         assert replies(app)
 
 
-QUIT_WHILE_WRITING = """
-import asyncio, time
+QUIT_MIDWAY = """
+import asyncio
 from macaron_local.settings import Settings
 from macaron_ui.app import MacaronApp
+from macaron_ui.screens.modals import ToolApprovalScreen
 from macaron_ui.widgets.message import MessageView
 from macaron_ui.widgets.prompt import PromptInput
 
 async def main():
     app = MacaronApp(Settings.load())
-    async with app.run_test(size=(110, 36)) as pilot:
+    async with app.run_test(size=(110, 40)) as pilot:
         screen = app.chat
         while not screen.session.loaded:
             await pilot.pause(0.05)
-        screen.query_one(PromptInput).value = "Write a very long story about a dragon."
+        screen.query_one(PromptInput).value = {prompt!r}
         await pilot.press("enter")
-        while not [v for v in screen.query(MessageView) if v.role == "assistant" and len(v.text) > 20]:
+        while not ({ready}):
             await pilot.pause(0.05)
         await pilot.press("ctrl+q")
         while app.is_running:
             await pilot.pause(0.05)
-    print("left while writing")
+    print("left midway")
 
 asyncio.run(main())
 """
 
 
+def quit_midway(prompt: str, ready: str, timeout: float) -> None:
+    """Send `prompt` in the app, press Ctrl+Q once `ready` (an expression over `app` and
+    `screen`) holds, and expect a clean exit. In a child process, so a hang fails the test
+    instead of stalling the suite."""
+    script = QUIT_MIDWAY.format(prompt=prompt, ready=ready)
+    child = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=os.environ.copy()
+    )
+    assert child.returncode == 0 and "left midway" in child.stdout, child.stderr[-2000:]
+
+
 def test_quitting_while_a_reply_is_written_stops_it_and_exits(settings):
     """Ctrl+Q mid-reply used to hang for good: the app closed the engine on its loop while the
-    writing worker held the engine and waited on that loop to show its next token. Run in a child
-    so a hang fails the test instead of stalling the suite."""
+    writing worker held the engine and waited on that loop to show its next token."""
     settings.save(max_tokens=400)
-    child = subprocess.run(
-        [sys.executable, "-c", QUIT_WHILE_WRITING], capture_output=True, text=True, timeout=180, env=os.environ.copy()
-    )
-    assert child.returncode == 0 and "left while writing" in child.stdout, child.stderr[-2000:]
+    writing = '[v for v in screen.query(MessageView) if v.role == "assistant" and len(v.text) > 20]'
+    quit_midway("Write a very long story about a dragon.", writing, timeout=180)
     with Session(Settings.load()) as session:
         [conversation] = session.store.list_conversations()
         [turn] = session.store.get_conversation(conversation.id).turns
