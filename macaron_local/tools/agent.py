@@ -119,6 +119,7 @@ class Agent:
             if not calls:
                 return AgentTurn(reply, steps, cancelled=stopped())
             done = [self.execute(call, reply.message_id) for call in calls]
+            judged = not stopped()  # a call denied because the user left was not judged
             for index, step in enumerate(done[:-1]):
                 session.add_history([{"role": "tool", "content": step.result}])
                 done[index] = replace(step, result_message_id=session.leaf_id)
@@ -130,7 +131,7 @@ class Agent:
             done[-1] = replace(done[-1], result_message_id=reply.user_message_id)
             session.record_tool_calls(done[0].call_message_id, [s.record() for s in done])
             signal = experience(done)
-            if signal is not None and not stopped():
+            if signal is not None and judged:
                 session.rate(done[0].call_message_id, *signal)
             steps += done
         if stopped():
