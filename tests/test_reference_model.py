@@ -29,6 +29,8 @@ from tinymodels import (
     write_tiny_model,
 )
 
+from macaron_local.engine import llama_load
+
 TOL = 1e-4
 N_CTX = 64
 
@@ -39,8 +41,8 @@ TOKENS = [0, 5, 17, 33, 9, 9, 41, 2, 12, 60, 7, 1, 25, 25, 50, 3]
 @contextlib.contextmanager
 def open_llama(path: Path) -> Iterator[llama_cpp.Llama]:
     """Open a model the way the parity tests need it: all logits, F32 KV, no flash attention."""
-    llm = llama_cpp.Llama(
-        model_path=str(path),
+    llm = llama_load.open_llama(
+        path,
         n_ctx=N_CTX,
         n_batch=N_CTX,
         logits_all=True,

@@ -24,6 +24,7 @@ import llama_cpp
 import numpy as np
 
 from macaron_local.adapters.validate import AdapterReport, BaseModelInfo, validate_adapter
+from macaron_local.engine.llama_load import open_llama
 from macaron_local.engine.template import CHATML, ChatTemplate, Message, continue_final_message, fit_messages
 from macaron_local.errors import AdapterError, MacaronError, ModelError
 from macaron_local.hashing import sha256_file
@@ -175,8 +176,8 @@ class Engine(AdapterSet):
         threads = config.n_threads or default_threads()
         kv_type = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if config.kv_f32 else {}
         try:
-            self.llm = llama_cpp.Llama(
-                model_path=str(config.model_path),
+            self.llm = open_llama(
+                config.model_path,
                 n_ctx=config.n_ctx,
                 n_batch=config.n_batch,
                 n_threads=threads,

@@ -30,6 +30,7 @@ from typing import Any
 
 from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.engine.llama_engine import AdapterHandle, EngineConfig, GenerationParams, default_threads
+from macaron_local.engine.llama_load import server_flags
 from macaron_local.engine.remote.base import Piece, RemoteEngine
 from macaron_local.engine.remote.http import EngineUnavailableError, JsonClient
 from macaron_local.engine.template import CHATML, ChatTemplate, Message, continue_final_message
@@ -78,7 +79,7 @@ class ManagedServer:
             str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
             "-c", str(self.config.n_ctx), "-b", str(self.config.n_batch), "-ub", str(self.config.n_batch),
             "-t", threads, "-tb", threads, "-np", "1", "-fa", "off", "--cache-ram", "0",
-            "--seed", str(self.config.seed), "--no-webui", "--no-warmup",
+            "--seed", str(self.config.seed), "--no-webui", "--no-warmup", *server_flags(),
         ]  # fmt: skip
         if self.config.kv_f32:
             args += ["-ctk", "f32", "-ctv", "f32"]
