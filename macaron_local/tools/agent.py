@@ -117,7 +117,7 @@ class Agent:
         for step_number in range(self.config.max_steps):
             calls = [] if stopped() else self.calls_in(reply)
             if not calls:
-                return AgentTurn(reply, steps, cancelled=stopped())
+                break
             done = [self.execute(call, reply.message_id) for call in calls]
             judged = not stopped()  # a call denied because the user left was not judged
             for index, step in enumerate(done[:-1]):
@@ -134,9 +134,9 @@ class Agent:
             if signal is not None and judged:
                 session.rate(done[0].call_message_id, *signal)
             steps += done
-        if stopped():
-            return AgentTurn(reply, steps, cancelled=True)
-        return AgentTurn(reply, steps, stopped_at_limit=bool(self.calls_in(reply)))
+        cancelled = stopped()
+        at_limit = not cancelled and bool(self.calls_in(reply))  # calls left only when max_steps ran out
+        return AgentTurn(reply, steps, stopped_at_limit=at_limit, cancelled=cancelled)
 
     def calls_in(self, reply) -> list[ToolCall]:
         protocol = self.session.protocol

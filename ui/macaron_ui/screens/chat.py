@@ -168,8 +168,7 @@ class ChatScreen(Screen):
         prompt.remember(text)
         prompt.value = ""
         if self.tools_enabled():
-            self.cancel_event = threading.Event()
-            self.generating = True
+            self.begin_request()
             self.run_worker(self.show_request(text))
             self.run_agent(text)
             return
@@ -230,9 +229,14 @@ class ChatScreen(Screen):
             self.generating = False
             call(self.after_turn)
 
-    def start(self, begin: Callable[[threading.Event], Reply], user_text: str | None = None) -> None:
+    def begin_request(self) -> None:
+        """Every request, with tools or without, gets its own cancel event (Esc and leaving set
+        it) and blocks a second send until its worker is done."""
         self.cancel_event = threading.Event()
         self.generating = True
+
+    def start(self, begin: Callable[[threading.Event], Reply], user_text: str | None = None) -> None:
+        self.begin_request()
         self.run_generation(begin, user_text)
 
     @work(thread=True, exclusive=True, group="generate")
