@@ -13,6 +13,7 @@ from textual.widgets import Collapsible, Input, TextArea
 
 from macaron_local.session import Session
 from macaron_local.settings import Settings
+from macaron_local.store import open_default_store
 from macaron_ui.app import MacaronApp
 from macaron_ui.screens.chat import ChatScreen
 from macaron_ui.screens.first_run import FirstRunScreen
@@ -145,6 +146,24 @@ async def test_editing_a_message_branches_and_brackets_switch_branches(settings)
         await pilot.press("left_square_bracket")
         await until(pilot, lambda: [v.text for v in chat(app).query(MessageView) if v.role == "user"] == ["Say hello."])
         assert len(replies(app)) == 1
+
+
+async def test_quitting_with_an_unsaved_correction_warns_once_then_quits(settings):
+    app = MacaronApp(settings)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "Name a fruit.")
+        replies(app)[-1].focus()
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, EditorScreen))
+        app.screen.query_one(TextArea).text = "Teal."
+        await pilot.press("ctrl+q")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, EditorScreen) and app.screen.query_one(TextArea).text == "Teal."
+        assert app.is_running
+        await pilot.press("ctrl+q")
+        await until(pilot, lambda: not app.is_running, timeout=30)
+    store = open_default_store(settings, readonly=True)
+    assert not store.get_conversation(store.list_conversations()[0].id).feedback  # nothing saved
 
 
 async def test_escape_cancels_and_keeps_what_was_said(settings):

@@ -20,6 +20,7 @@ from macaron_local.settings import Settings
 from macaron_ui.screens.chat import ChatScreen
 from macaron_ui.screens.first_run import FirstRunScreen
 from macaron_ui.screens.learning_setup import LearningSetupScreen
+from macaron_ui.screens.modals import EditorScreen
 from macaron_ui.widgets.prompt import PromptInput
 
 
@@ -107,7 +108,10 @@ class MacaronApp(App[None]):
 
     async def action_quit(self) -> None:
         """Stop the reply being written before leaving: its worker posts every token to this
-        loop and holds the engine, so closing the session under it would wait forever."""
+        loop and holds the engine, so closing the session under it would wait forever. An unsaved
+        correction gets one warning first."""
+        if isinstance(self.screen, EditorScreen) and not self.screen.may_quit():
+            return
         chat = self.chat
         if chat is not None:
             await chat.stop_generating()

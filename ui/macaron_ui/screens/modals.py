@@ -21,7 +21,8 @@ SETUP_FIXES = ("not_set_up", "no_trainer", "no_schedule")
 
 
 class EditorScreen(ModalScreen[str | None]):
-    """A multi-line editor prefilled with the text to correct; Ctrl+S saves, Esc cancels."""
+    """A multi-line editor prefilled with the text to correct; Ctrl+S saves, Esc cancels.
+    Ctrl+Q with an unsaved edit warns once instead of quitting (a second Ctrl+Q quits)."""
 
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
@@ -33,6 +34,7 @@ class EditorScreen(ModalScreen[str | None]):
         super().__init__()
         self.title_text = title
         self.text = text
+        self.warned_on_quit = False
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
@@ -51,6 +53,15 @@ class EditorScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+    def may_quit(self) -> bool:
+        """False (and a warning) the first time the user quits with an edit not yet saved: an
+        edit is a correction the nightly run learns from, so losing it silently loses a lesson."""
+        if self.warned_on_quit or self.query_one(TextArea).text == self.text:
+            return True
+        self.warned_on_quit = True
+        self.notify("Unsaved edit: Ctrl+S saves it, Esc drops it, Ctrl+Q again quits.", severity="warning")
+        return False
 
 
 class TextPromptScreen(ModalScreen[str | None]):
