@@ -96,10 +96,14 @@ def _backend_check() -> Check:
     try:
         import llama_cpp
 
+        from macaron_local.engine.llama_load import extra_buffers_allowed
+
         gpu = bool(llama_cpp.llama_supports_gpu_offload())
         info = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
         features = " ".join(part for part in info.split("|") if "= 1" in part).replace(" = 1", "")
-        return Check("backend", True, f"llama.cpp {'with' if gpu else 'without'} GPU offload; {features[:120]}")
+        buffers = "" if extra_buffers_allowed() else "weight repacking off (AMX CPU: llama.cpp's AMX path crashes); "
+        offload = "with" if gpu else "without"
+        return Check("backend", True, f"llama.cpp {offload} GPU offload; {buffers}{features[:120]}")
     except Exception as exc:  # a broken native build must be reported, not crash doctor
         return Check("backend", False, f"llama.cpp failed to load: {exc}")
 
