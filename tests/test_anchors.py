@@ -45,7 +45,7 @@ def test_how_many_grows_with_the_nights_new_feedback_and_each_night_draws_anew()
     assert all(a.messages[0] == {"role": "system", "content": "Be kind."} for a in first)
     assert all(a.chosen is None and a.feedback_ids == [] for a in first)  # not the user's data
     assert [a.messages for a in pick_anchors(9, 0.5, 1, "Be kind.")] != [a.messages for a in first]
-    assert LearnConfig().anchor_ratio == 0.5  # on by default; [learn] anchor_ratio = 0 turns them off
+    assert LearnConfig().anchor_ratio == 1.0  # on by default; [learn] anchor_ratio = 0 turns them off
 
 
 def test_an_anchor_is_answered_as_the_bare_experts_answer_it():

@@ -126,3 +126,13 @@ def test_content_kept_ignores_form_and_scores_lost_content() -> None:
     assert wrong == poured == pytest.approx((1 / 3) / 0.75)
     assert content_kept("", ANSWER) == 0.0 and content_kept("anything", "It is.") == 1.0  # nothing to keep
     assert content_kept("Italy is lovely.", ANSWER, enough=1.0) == pytest.approx(1 / 3)
+
+
+def test_content_kept_counts_only_what_the_answer_adds_to_the_question() -> None:
+    """Restating the question is free; only the answer's own words are content to keep."""
+    question, answer = "What is the capital of France?", "The capital of France is Paris."
+    assert content_kept("Lyon is the capital of France.", answer, question) == 0.0
+    assert content_kept("Lyon is the capital of France.", answer) == pytest.approx((2 / 3) / 0.75)  # the old measure
+    assert content_kept("paris.", answer, question) == 1.0  # terse, lower case, still the answer
+    assert content_kept("France's capital? Paris, of course.", answer, question) == 1.0
+    assert content_kept("anything", "France has a capital.", "What is the capital of France?") == 1.0  # adds nothing

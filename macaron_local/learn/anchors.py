@@ -12,7 +12,8 @@ by the bare experts. They join the night's training set as episodes whose chosen
 answer. So questions about the user get the user's facts, and the rest stay as they were.
 
 An anchor guards content, not form (`Episode.content_only`): a sample is rewarded for keeping
-what the bare answer's first sentence says (rewards.content_kept), and the answer is never
+what the bare answer's first sentence adds to the question (rewards.content_kept: "Paris", not
+"capital" and "France", which any restatement keeps), and the answer is never
 SFT-trained verbatim. Trained verbatim, anchors taught "no greeting, sentence case, this length"
 as strongly as the user's corrections taught the opposite: on one night with a greeting and two
 personal facts, the greeting reached 0.0 of held-out replies; guarding content only, 0.625 and

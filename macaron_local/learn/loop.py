@@ -66,8 +66,11 @@ class LearnConfig:
     replay_ratio: float = 1.0
     max_old_heldout: int = 8
     # "Answer as before" episodes on everyday questions per new episode (learn/anchors.py):
-    # without them a night that taught personal facts poured them into every answer.
-    anchor_ratio: float = 0.5
+    # without them a night that taught personal facts poured them into every answer. One per
+    # new episode (0.5 before): terse corrections taught answer-first replies in which the model
+    # named the wrong city ("Lyon is the capital of France."). On lower case, 0.5 left 3 of 14
+    # full-strength candidates with the bare experts' factual answers (two runs), 1.0 left 13 of 18.
+    anchor_ratio: float = 1.0
     # Plain-text passages scored each step and held to the bare experts (learn/passages.py):
     # the gate's passage NLL limit is against the base, and chat replies alone never see plain text.
     passage_weight: float = 1.0
@@ -133,7 +136,7 @@ class TrainResult:
 def default_reward(text: str, episode: Episode) -> float:
     """Closeness to what the user wanted; for an anchor, whether its answer's content survived."""
     if episode.content_only and episode.chosen:
-        return content_kept(text, episode.chosen)
+        return content_kept(text, episode.chosen, episode.messages[-1]["content"])
     return preference_reward(text, episode.chosen, episode.rejected)
 
 

@@ -79,9 +79,14 @@ def content_words(text: str) -> set[str]:
     return {w[:5] for w in words if len(w) >= 3 and w not in STOP_WORDS}
 
 
-def content_kept(sample: str, answer: str, enough: float = CONTENT_ENOUGH) -> float:
+def content_kept(sample: str, answer: str, question: str = "", enough: float = CONTENT_ENOUGH) -> float:
     """How much of what `answer`'s first sentence says `sample` still says, in [0, 1]: the share
-    of its content words the sample contains, divided by `enough`, capped at 1.
+    of its content words the sample contains, divided by `enough`, capped at 1. Words of the
+    `question` do not count: restating the question says nothing. Counted, they let "Lyon is
+    the capital of France." keep 2 of the 3 words of "The capital of France is Paris." (0.89),
+    so the anchors hardly opposed the short, answer-first replies a night of terse corrections
+    teaches, in which the embedded model names the wrong city (seen on lower case: a candidate
+    answered "Lyon", "Hamlet", "Japan is a country in East Asia." and lost 3 factual answers).
 
     This judges an anchor (learn/anchors.py): a question the user never asked about, whose bare
     answer should survive the night's learning in substance, not in form. Only the answer's
@@ -91,7 +96,7 @@ def content_kept(sample: str, answer: str, enough: float = CONTENT_ENOUGH) -> fl
     equal, so GRPO sees no preference among them; only a sample that lost it ("Lisbon is the
     capital of Portugal." asked about Italy) is pushed down.
     """
-    wanted = content_words(first_sentence(answer))
+    wanted = content_words(first_sentence(answer)) - content_words(question)
     if not wanted:
         return 1.0
     kept = len(wanted & content_words(sample)) / len(wanted)
