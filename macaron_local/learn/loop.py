@@ -69,7 +69,8 @@ class LearnConfig:
     # without them a night that taught personal facts poured them into every answer. One per
     # new episode (0.5 before): terse corrections taught answer-first replies in which the model
     # named the wrong city ("Lyon is the capital of France."). On lower case, 0.5 left 3 of 14
-    # full-strength candidates with the bare experts' factual answers (two runs), 1.0 left 13 of 18.
+    # full-strength candidates with the bare experts' factual answers (two runs, one of them with
+    # the question-free content measure), 1.0 with that measure left 13 of 18 (two runs).
     anchor_ratio: float = 1.0
     # Plain-text passages scored each step and held to the bare experts (learn/passages.py):
     # the gate's passage NLL limit is against the base, and chat replies alone never see plain text.
