@@ -92,6 +92,9 @@ def test_doctor_passes_on_fresh_install_and_fails_without_model(tmp_path):
     names = {c["name"] for c in report["checks"]}
     assert {"model", "backend", "data dir", "llama-cpp-python", "expert L0 Chat"} <= names
     assert report["learning"]["schedule_installed"] is False and report["learning"]["feedback_waiting"] == 0
+    human = run_cli("doctor", home=tmp_path, XDG_CONFIG_HOME=str(tmp_path / "xdg")).stdout.splitlines()
+    assert "learning:" in human and not any("\\x0a" in line for line in human)
+    assert any(line.split() == ["schedule", "not", "installed"] for line in human), human
     (tmp_path / "config" / "settings.toml").write_text('model = "tall"\n')
     bad = run_cli("doctor", home=tmp_path)
     assert bad.returncode == 1
