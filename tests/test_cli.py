@@ -76,6 +76,9 @@ def test_ask_reads_stdin(tmp_path):
         (["ask", "--model", "tall", "hi"], None, 1, "macaron models pull tall"),
         (["models", "add", "x", "/does/not/exist.gguf"], None, 1, "cannot be read"),
         (["adapters", "validate", "/does/not/exist.gguf"], None, 2, "no such file"),
+        (["logs"], None, 2, "macaron logs: the following arguments are required: ACTION"),
+        (["bogus"], None, 2, "invalid choice: 'bogus'"),
+        (["ask", "--max-tokens", "many", "hi"], None, 2, "invalid int value"),
     ],
 )
 def test_bad_input_gets_one_line_and_nonzero_exit(tmp_path, args, stdin, code, needle):

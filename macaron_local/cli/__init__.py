@@ -10,17 +10,27 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from macaron_local import __version__
 from macaron_local.errors import MacaronError
 from macaron_local.terminal import printable
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line like every other error: `error: ...` and the
+    command's own help named, exit 2. Sub-command parsers are this class too (argparse builds
+    them from the parent's type)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {printable(message)} (`{self.prog} --help` shows how)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from macaron_local.cli import adapters, ask, auth, chat, daemon, doctor, forget, learn, logs, models, plugins, serve
     from macaron_local.cli import setup as learning_setup
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="macaron",
         description="A personal AI agent that runs on your computer and learns from your corrections.",
     )
