@@ -32,6 +32,5 @@ def run(args: argparse.Namespace) -> int:
         for check in checks:
             mark = "ok  " if check.ok else "FAIL"
             print(printable(f"{mark} {check.name:<{width}}  {check.detail}"))
-        for line in learning_lines(learning):  # each line escaped alone: the section spans lines
-            print(printable(line))
+        print(printable("\n".join(learning_lines(learning)), keep_newlines=True))  # the section spans lines
     return 0 if all(c.ok for c in checks) else 1
