@@ -47,9 +47,10 @@ def test_gibberish_corrections_are_rejected_and_nothing_is_deployed(home):
         config = LearnConfig(steps=24, max_new_tokens=24, backoff_s=0.0)
         [report] = learn_once(store, catalog, manifest, config)
         assert report.decision == "rejected", report.reason
-        # Gibberish is far from every held-out reply: what learned it either fails to move them
-        # beyond noise or costs the regression set.
-        why = ("passage NLL rose", "factual answers dropped", "did not improve beyond noise")
+        # What learned gibberish either answers held-out questions in it (noise to the bare
+        # experts, learn.fluency: seen at this build, reward -0.32 -> 0.02 all the same), fails
+        # to move the held-out replies beyond noise, or costs the regression set.
+        why = ("read as noise", "passage NLL rose", "factual answers dropped", "did not improve beyond noise")
         assert any(reason in report.reason for reason in why), report.reason
         assert store.deployed_adapter("personal", manifest.name) is None
         assert store.adapter_version(report.version_id).status == "rejected"

@@ -8,6 +8,10 @@ system prompt and template (`regression.score`). A candidate passes when:
   paired mean gain over the deployed version is at least `MIN_HELDOUT_GAIN` and more than one
   standard error (`significantly_better`). "Any gain" let a nearly inert adapter trained on
   gibberish through on a 0.012 gain, within the noise of greedy replies;
+- tonight's held-out replies stay language: no more of them read as noise to the bare experts
+  than the deployed version's (`learn.fluency`). The reward alone rose 0.34 for an adapter that
+  had learned to answer in gibberish: it is half distance from the rejected reply, which any
+  change increases;
 - earlier nights' held-out episodes (what deployed nights taught) are not forgotten: the paired
   mean change against the deployed version is not below -(tolerance + 2 standard errors), and
   the tokens of their corrections the deployed version taught keep their probability
@@ -22,9 +26,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from macaron_local.engine import AdapterHandle, Engine, GenerationParams
+from macaron_local.learn import fluency
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.regression import RegressionScore
 from macaron_local.learn.regression import score as regression_score
@@ -40,14 +45,23 @@ GATE_REPLY = GenerationParams(max_tokens=64, temperature=0.0, repeat_penalty=1.1
 Stack = Callable[[str], list[AdapterHandle]]
 
 
-def heldout_rewards(engine: Engine, stack: Stack, episodes: Sequence[Episode]) -> list[float]:
-    """Greedy reply to each episode under its expert's stack, scored against the user's verdict."""
-    rewards = []
+def heldout_rewards(
+    engine: Engine, stack: Stack, episodes: Sequence[Episode], bare: Stack | None = None
+) -> tuple[list[float], list[float | None]]:
+    """Greedy reply to each episode under its expert's stack, scored against the user's verdict,
+    and (given the `bare` stack) the bare experts' surprise at it (`fluency.surprise`)."""
+    replies = []
     for episode in episodes:
         engine.set_adapters(stack(episode.slot))
-        reply = engine.generate(engine.render_tokens(episode.messages), GATE_REPLY).text
-        rewards.append(preference_reward(reply, episode.chosen, episode.rejected))
-    return rewards
+        prompt = engine.render_tokens(episode.messages)
+        replies.append((episode, prompt, engine.generate(prompt, GATE_REPLY)))
+    rewards = [preference_reward(reply.text, episode.chosen, episode.rejected) for episode, _, reply in replies]
+    surprises: list[float | None] = []
+    if bare is not None:
+        for episode, prompt, reply in replies:
+            engine.set_adapters(bare(episode.slot))
+            surprises.append(fluency.surprise(engine, prompt, reply))
+    return rewards, surprises
 
 
 def significantly_worse(after: Sequence[float], before: Sequence[float], tolerance: float = OLD_HELDOUT_TOLERANCE):
@@ -74,6 +88,8 @@ class Scores:
     held_new: list[float]
     held_old: list[float]
     regression: RegressionScore | None = None
+    #: The bare experts' surprise at each of tonight's held-out replies (None: not judged).
+    surprise: list[float | None] = field(default_factory=list)
 
     @property
     def new_mean(self) -> float:
@@ -98,12 +114,14 @@ def score(
     system_prompt: str,
     serve: GenerationParams,
     regression: bool = True,
+    bare: Stack | None = None,
 ) -> Scores:
-    return Scores(
-        heldout_rewards(engine, stack, held_new),
-        heldout_rewards(engine, stack, held_old),
-        regression_score(engine, stack, system_prompt, serve) if regression else None,
-    )
+    """`bare` (the experts without a personal adapter) judges whether tonight's replies are still
+    language; None skips that."""
+    new, surprise = heldout_rewards(engine, stack, held_new, bare)
+    old, _ = heldout_rewards(engine, stack, held_old)
+    regression_result = regression_score(engine, stack, system_prompt, serve) if regression else None
+    return Scores(new, old, regression_result, surprise)
 
 
 def choice_score(all_mean: float, kept: Retention | None) -> float:
@@ -130,6 +148,8 @@ def verdict(
         "old_heldout_reward_before": round(current.old_mean, 4),
         "old_heldout_reward_after": round(candidate.old_mean, 4),
         "heldout_all_reward_after": round(candidate.all_mean, 4),
+        "heldout_noise_replies_before": fluency.noise_count(current.surprise),
+        "heldout_noise_replies_after": fluency.noise_count(candidate.surprise),
         "regression_nll_reference": round(reference.passage_nll, 4),
         "regression_nll_delta": round(nll_delta, 4),
         "regression_qa_reference": reference.qa_right,
@@ -146,6 +166,13 @@ def verdict(
         reasons.append(
             f"held-out feedback did not improve beyond noise ({current.new_mean:.3f} -> {candidate.new_mean:.3f}, "
             f"{len(candidate.held_new)} episodes; at least +{MIN_HELDOUT_GAIN} and one standard error)"
+        )
+    noisy = figures["heldout_noise_replies_after"]
+    if noisy > figures["heldout_noise_replies_before"]:
+        reasons.append(
+            f"{noisy} of {len(candidate.held_new)} held-out replies read as noise, not language (the bare experts' "
+            f"surprise above {fluency.NOISE_NATS_PER_CHAR} nats a character; the deployed version: "
+            f"{figures['heldout_noise_replies_before']})"
         )
     if significantly_worse(candidate.held_old, current.held_old):
         reasons.append(

@@ -352,9 +352,10 @@ def _gate_and_record(
     slot = PERSONAL_SLOT
     current_handle = engine.load_adapter(deployed.path) if deployed else None
     judging = started_judging = time.perf_counter()
-    reference = gate.score(engine, experts.stack(None), [], [], system_prompt, serve).regression
+    bare = experts.stack(None)
+    reference = gate.score(engine, bare, [], [], system_prompt, serve).regression
     current = gate.score(
-        engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False
+        engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False, bare
     )
     lessons = (
         Lessons(engine, experts.stack(None), experts.stack(current_handle), plan.held_old)
@@ -365,7 +366,9 @@ def _gate_and_record(
     def judge(candidate: Candidate) -> Candidate:
         candidate.file, parity = prepare(candidate)
         handle = engine.load_adapter(candidate.file)
-        scores = gate.score(engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve)
+        scores = gate.score(
+            engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve, bare=bare
+        )
         kept = lessons.kept_by(experts.stack(handle)) if lessons is not None else None
         reasons, figures = gate.verdict(scores, current, reference, kept)
         if not parity.ok:

@@ -1,0 +1,46 @@
+"""Is a reply still language? How surprised the bare experts are by it, per character.
+
+The gate's held-out reward cannot tell a lesson from noise on its own: half of it is distance
+from the reply the user rejected, and that reply is the deployed model's own greedy answer, so
+any change scores as progress. Twelve gibberish "corrections" taught the embedded model to
+answer "q%zfjr@k q#gijnwc wcyvbxhghm ..." to every how-to question; the reward rose 0.34 and
+the regression set (passages, factual questions) saw nothing, since the noise stayed on
+questions like the corrected ones.
+
+What separates noise from any lesson a user means is predictability. Random letters carry about
+ln 26 = 3.3 nats a character whatever model reads them; language, in any style, is far more
+predictable. Measured on the embedded 135M model with the chat's system prompt (nats per
+non-space character): its own replies 0.2 to 0.3, a human-written answer 0.7 to 0.8, the same
+in lower case or with a "TL;DR:" first line 0.7 to 0.8, pirate talk 1.2, French 2.1, leetspeak
+3.6, the gibberish above 4.2. The held-out replies of eight scenarios' deployed candidates (a
+prefix, a heading, a list, lower case, one sentence, a greeting by name) read 0.2 to 1.8, the
+highest a short "Hi Sam, eat an extra bowl of pasta."; two gibberish nights' 4.1 to 4.3. Per
+character rather than per token, so that text the tokenizer splits finely (another language,
+symbols) is not charged for its tokenization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from macaron_local.engine import Completion, Engine
+
+#: Above this a reply reads as noise to the bare experts (random letters: about 3.3 and more).
+NOISE_NATS_PER_CHAR = 3.0
+#: Shorter replies (a name, a greeting and a clause) are not judged: a few surprising tokens
+#: (a name the bare experts never heard) dominate them. Noise fills a whole 64-token reply.
+MIN_JUDGED_CHARS = 40
+
+
+def surprise(engine: Engine, prompt_tokens: Sequence[int], reply: Completion) -> float | None:
+    """Nats per non-space character of `reply` under the engine's active adapters, given the
+    prompt it answered; None for a reply too short to judge."""
+    chars = len("".join(reply.text.split()))
+    if chars < MIN_JUDGED_CHARS or not reply.tokens:
+        return None
+    return float(-engine.token_logprobs(prompt_tokens, reply.tokens).sum()) / chars
+
+
+def noise_count(surprises: Sequence[float | None]) -> int:
+    """How many judged replies read as noise."""
+    return sum(1 for value in surprises if value is not None and value > NOISE_NATS_PER_CHAR)
