@@ -12,6 +12,7 @@ import pytest
 
 from macaron_local.engine import Completion, Engine, EngineConfig
 from macaron_local.learn import fluency, gate
+from macaron_local.learn.episodes import Episode
 from macaron_local.learn.regression import RegressionScore
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
@@ -94,3 +95,21 @@ def test_the_gate_rejects_a_candidate_whose_replies_turned_to_noise():
         gate.Scores([0.0, 0.0, -0.1], [], reference, surprise=[0.5, 0.9, 0.4]), current, reference
     )
     assert reasons == []
+
+
+def test_a_night_leaves_out_the_corrections_that_read_as_noise_and_keeps_every_language(engine):
+    def episode(correction: str) -> Episode:
+        return Episode([{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}], correction, "x")
+
+    texts = [
+        ANSWER,
+        ANSWER.lower(),
+        gibberish(7),
+        "Mettez l'oeuf dans l'eau froide et laissez mijoter huit minutes.",
+        "TL;DR: Simmer it.\n\n" + ANSWER,
+        gibberish(8),
+    ]
+    episodes = [episode(text) for text in texts]
+    episodes.append(Episode(episodes[0].messages, None, gibberish(9)))  # a dislike: nothing chosen to judge
+    noisy = fluency.noisy_corrections(engine, lambda slot: [], episodes)
+    assert [episodes.index(e) for e in noisy] == [2, 5]

@@ -1,5 +1,6 @@
-"""A poisoned batch (gibberish "corrections") yields a candidate the gate rejects, and what is
-deployed stays exactly as it was. Runs the real learning pass on the embedded model (minutes)."""
+"""A poisoned batch (gibberish "corrections") is not learned from, and what is deployed stays
+exactly as it was. Runs the real learning pass on the embedded model. The gate's own check for
+replies that turned to noise is tested in tests/test_fluency.py."""
 
 from __future__ import annotations
 
@@ -32,8 +33,7 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.slow
-def test_gibberish_corrections_are_rejected_and_nothing_is_deployed(home):
+def test_gibberish_corrections_are_not_learned_and_nothing_is_deployed(home):
     rng = random.Random(0)
     alphabet = string.ascii_lowercase + "#@%"
     with Session(home, engine_config={"n_ctx": 1024}) as session:
@@ -43,17 +43,14 @@ def test_gibberish_corrections_are_rejected_and_nothing_is_deployed(home):
             junk = " ".join("".join(rng.choice(alphabet) for _ in range(rng.randint(3, 9))) for _ in range(30))
             session.correct(reply.message_id, junk)
         store, catalog, manifest = session.store, session.catalog, session.manifest
-        # The back-off candidates have their own test (tests/test_learn_personal.py): here the final one alone.
         config = LearnConfig(steps=24, max_new_tokens=24, backoff_s=0.0)
+        # Trained on, such a night deployed: the replies drifted away from the rejected ones
+        # (stop 32: -0.448 -> -0.322 at 24 steps, fluent) or turned to gibberish themselves
+        # (bench, 54 steps: -0.316 -> 0.021), and the reward counts both as progress. Each
+        # correction reads as noise to the bare experts (learn/fluency.py), so none is learned.
         [report] = learn_once(store, catalog, manifest, config)
-        assert report.decision == "rejected", report.reason
-        # What learned gibberish either answers held-out questions in it (noise to the bare
-        # experts, learn.fluency: seen at this build, reward -0.32 -> 0.02 all the same), fails
-        # to move the held-out replies beyond noise, or costs the regression set.
-        why = ("read as noise", "passage NLL rose", "factual answers dropped", "did not improve beyond noise")
-        assert any(reason in report.reason for reason in why), report.reason
+        assert report.decision == "skipped", report.reason
+        assert report.reason == f"all {len(PROMPTS)} correction(s) read as noise, not language: nothing to learn"
         assert store.deployed_adapter("personal", manifest.name) is None
-        assert store.adapter_version(report.version_id).status == "rejected"
-        [run] = store.learning_runs()
-        assert run.decision == "rejected"
-        print(f"\npoisoned run rejected: {report.reason}")
+        assert store.learning_runs() == []
+        print(f"\npoisoned night: {report.reason}")

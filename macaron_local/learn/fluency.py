@@ -21,9 +21,11 @@ symbols) is not charged for its tokenization.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from macaron_local.engine import Completion, Engine
+from macaron_local.errors import MacaronError
+from macaron_local.learn.episodes import Episode
 
 #: Above this a reply reads as noise to the bare experts (random letters: about 3.3 and more).
 NOISE_NATS_PER_CHAR = 3.0
@@ -44,3 +46,26 @@ def surprise(engine: Engine, prompt_tokens: Sequence[int], reply: Completion) ->
 def noise_count(surprises: Sequence[float | None]) -> int:
     """How many judged replies read as noise."""
     return sum(1 for value in surprises if value is not None and value > NOISE_NATS_PER_CHAR)
+
+
+def noisy_corrections(engine: Engine, stack: Callable[[str], list], episodes: Sequence[Episode]) -> list[Episode]:
+    """The episodes whose chosen reply (a correction, or a liked reply) reads as noise to the
+    bare experts (`stack`: slot -> their adapters), given the prompt it answers. Such text is
+    not learned from: a night of gibberish corrections that stopped short of answering in
+    gibberish still drifted the replies away from the rejected ones, which the gate's reward
+    counts as progress (`tests/test_learn_poisoned.py` deployed one in stop 32)."""
+    noisy = []
+    for episode in episodes:
+        if episode.chosen is None or episode.content_only:
+            continue
+        engine.set_adapters(stack(episode.slot))
+        prompt = engine.render_tokens(episode.messages)
+        reply = Completion(text=episode.chosen, tokens=engine.tokenize(episode.chosen, special=False))
+        try:
+            value = surprise(engine, prompt, reply)
+        except MacaronError:  # longer than the context: not judged (noise is not what fills it)
+            continue
+        if value is not None and value > NOISE_NATS_PER_CHAR:
+            noisy.append(episode)
+    engine.set_adapters([])
+    return noisy

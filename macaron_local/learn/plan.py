@@ -42,6 +42,7 @@ class NightPlan:
     steps: int = 0
     night: int = 0
     skipped: str | None = None
+    noisy: int = 0  # corrections left out as noise, not language (learn/fluency.py)
 
     @property
     def train(self) -> list[Episode]:

@@ -32,7 +32,7 @@ from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Engine, EngineConfig, GenerationParams
 from macaron_local.engine.select import engine_settings, open_engine
-from macaron_local.learn import gate
+from macaron_local.learn import fluency, gate
 from macaron_local.learn.anchors import answer_anchors, pick_anchors
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
@@ -209,9 +209,13 @@ def learn_personal(
     `sequential` (one at a time); None takes it from this machine's memory plan."""
     started = time.perf_counter()
     slot = PERSONAL_SLOT
+    episodes, noisy = _drop_noise(catalog, manifest, episodes)
+    if not episodes:
+        return SlotReport(slot, "skipped", f"all {noisy} correction(s) read as noise, not language: nothing to learn")
     plan = plan_night(episodes, store.learning_runs(), config)
     if plan.skipped:
         return SlotReport(slot, "skipped", plan.skipped)
+    plan.noisy = noisy
     if system_prompt is None:
         system_prompt = str(catalog.settings.get("system_prompt") or "")
     plan.anchors = pick_anchors(len(plan.new_train), config.anchor_ratio, plan.night, system_prompt)
@@ -287,6 +291,19 @@ def learn_personal(
             store, manifest, engine, experts, plan, config, deployed, result, backend.lora_weights(), started,
             train_wall, start_note, system_prompt, serve, prepare, retrain, _guard_figures(guards),
         )  # fmt: skip
+
+
+def _drop_noise(catalog: Catalog, manifest: Manifest, episodes: list[Episode]) -> tuple[list[Episode], int]:
+    """The episodes without those whose correction reads as noise to the bare experts
+    (`fluency.noisy_corrections`), and how many were dropped. The engine is open only for this:
+    one teacher-forced pass per correction, before the night plans anything."""
+    base_path = catalog.base_path(manifest)
+    threads = int(catalog.settings.get("n_threads") or 0)
+    config = EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads)
+    with open_engine(config, engine_settings(catalog.settings)) as engine:
+        experts = Experts(engine, catalog, manifest, BaseModelInfo.from_gguf(base_path))
+        noisy = {id(e) for e in fluency.noisy_corrections(engine, experts.stack(None), episodes)}
+    return [e for e in episodes if id(e) not in noisy], len(noisy)
 
 
 def _load_trainer(backend_factory, config: LearnConfig, catalog: Catalog, manifest: Manifest, deployed, base, experts):
@@ -421,6 +438,7 @@ def _gate_and_record(
         "heldout_episodes": len(plan.held_new),
         "heldout_conversations": plan.new_heldout_conversations,
         "night": plan.night,
+        "noise_corrections_left_out": plan.noisy,
         "start": start_note,
         "steps": len(result.steps),
         "losses": [round(s.loss, 4) for s in result.steps],
