@@ -17,6 +17,11 @@ prefix, a heading, a list, lower case, one sentence, a greeting by name) read 0.
 highest a short "Hi Sam, eat an extra bowl of pasta."; two gibberish nights' 4.1 to 4.3. Per
 character rather than per token, so that text the tokenizer splits finely (another language,
 symbols) is not charged for its tokenization.
+
+Two places use it: the gate (a candidate may not have more noisy held-out replies than the
+deployed version) and the night's data (`noisy_corrections`: a correction that is noise is
+never trained on, since a short night on gibberish drifts the replies without yet writing
+gibberish, and the reward counts that drift as progress).
 """
 
 from __future__ import annotations
