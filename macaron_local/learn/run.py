@@ -53,7 +53,7 @@ from macaron_local.learn.loop import (
 from macaron_local.learn.memory_plan import nightly_mode
 from macaron_local.learn.passages import PassageGuard, passage_tokens
 from macaron_local.learn.personal import PERSONAL_SLOT
-from macaron_local.learn.plan import NightPlan, plan_night, planned_steps
+from macaron_local.learn.plan import NightPlan, learned_feedback, plan_night, planned_steps
 from macaron_local.learn.retention import Lessons
 from macaron_local.learn.stacking import expert_trainer_source, stacked_source
 from macaron_local.learn.warm import warm_start
@@ -209,10 +209,11 @@ def learn_personal(
     `sequential` (one at a time); None takes it from this machine's memory plan."""
     started = time.perf_counter()
     slot = PERSONAL_SLOT
-    episodes, noisy = _drop_noise(catalog, manifest, episodes)
+    runs = store.learning_runs()
+    episodes, noisy = _drop_noise(catalog, manifest, episodes, learned_feedback(runs))
     if not episodes:
         return SlotReport(slot, "skipped", f"all {noisy} correction(s) read as noise, not language: nothing to learn")
-    plan = plan_night(episodes, store.learning_runs(), config)
+    plan = plan_night(episodes, runs, config)
     if plan.skipped:
         return SlotReport(slot, "skipped", plan.skipped)
     plan.noisy = noisy
@@ -293,16 +294,23 @@ def learn_personal(
         )  # fmt: skip
 
 
-def _drop_noise(catalog: Catalog, manifest: Manifest, episodes: list[Episode]) -> tuple[list[Episode], int]:
+def _drop_noise(
+    catalog: Catalog, manifest: Manifest, episodes: list[Episode], learned: set[int]
+) -> tuple[list[Episode], int]:
     """The episodes without those whose correction reads as noise to the bare experts
-    (`fluency.noisy_corrections`), and how many were dropped. The engine is open only for this:
-    one teacher-forced pass per correction, before the night plans anything."""
+    (`fluency.noisy_corrections`), and how many were dropped. Only feedback no deployed run has
+    learned is judged (what was learned passed this before), so the cost follows the new
+    feedback, not the history. The engine is open only for this: one teacher-forced pass per
+    judged correction, before the night plans anything."""
+    unlearned = [e for e in episodes if not set(e.feedback_ids) <= learned]
+    if not unlearned:
+        return episodes, 0
     base_path = catalog.base_path(manifest)
     threads = int(catalog.settings.get("n_threads") or 0)
     config = EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads)
     with open_engine(config, engine_settings(catalog.settings)) as engine:
         experts = Experts(engine, catalog, manifest, BaseModelInfo.from_gguf(base_path))
-        noisy = {id(e) for e in fluency.noisy_corrections(engine, experts.stack(None), episodes)}
+        noisy = {id(e) for e in fluency.noisy_corrections(engine, experts.stack(None), unlearned)}
     return [e for e in episodes if id(e) not in noisy], len(noisy)
 
 
