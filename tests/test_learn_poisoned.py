@@ -58,13 +58,17 @@ def test_gibberish_corrections_are_not_learned_and_nothing_is_deployed(home):
 
 def test_only_feedback_no_deployed_run_learned_is_judged_for_noise(home):
     """The check's cost follows the new feedback: what a deployed run learned passed it then."""
+    from macaron_local.adapters.validate import BaseModelInfo
     from macaron_local.learn.episodes import Episode
-    from macaron_local.learn.run import _drop_noise
+    from macaron_local.learn.run import Experts, _drop_noise, _night_engine
 
     rng = random.Random(1)
     junk = " ".join("".join(rng.choice(string.ascii_lowercase + "#@%") for _ in range(7)) for _ in range(30))
     episode = Episode([{"role": "user", "content": PROMPTS[0]}], junk, "x", feedback_ids=[5])
     with Session(home, engine_config={"n_ctx": 1024}) as session:
         catalog, manifest = session.catalog, session.manifest
-    assert _drop_noise(catalog, manifest, [episode], learned=set()) == ([], 1)
-    assert _drop_noise(catalog, manifest, [episode], learned={5}) == ([episode], 0)
+    base = BaseModelInfo.from_gguf(catalog.base_path(manifest))
+    with _night_engine(catalog, manifest) as engine:
+        experts = Experts(engine, catalog, manifest, base)
+        assert _drop_noise(experts, [episode], learned=set()) == ([], 1)
+        assert _drop_noise(experts, [episode], learned={5}) == ([episode], 0)

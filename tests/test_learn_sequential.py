@@ -37,19 +37,27 @@ def seed(home, model_path) -> None:
 
 
 def night(home, model_path, mode: str):
+    """(report, run, version, engines open at each trainer step, engines the night created)."""
     catalog = Catalog(home)
     manifest = catalog.get("tiny")
     engines_open_per_step = []
+    created = []
+    real_init = Engine.__init__
 
     def probe(log) -> None:  # while the trainer steps: which engines on this model are open?
         engines = [o for o in gc.get_objects() if type(o) is Engine and o.config.model_path == model_path]
         engines_open_per_step.append(sum(not e.closed for e in engines))
 
-    with open_default_store(home) as store:
+    def counted_init(self, config, *args, **kwargs) -> None:  # the real engine, counted
+        created.append(config.model_path)
+        real_init(self, config, *args, **kwargs)
+
+    with open_default_store(home) as store, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Engine, "__init__", counted_init)
         [report] = learn_once(store, catalog, manifest, CONFIG, on_step=probe, mode=mode)
         [run] = store.learning_runs()
         version = store.adapter_version(report.version_id)
-    return report, run, version, engines_open_per_step
+    return report, run, version, engines_open_per_step, len(created)
 
 
 def test_the_sequential_night_closes_the_engine_while_the_trainer_steps(home, tiny_model, tmp_path, monkeypatch):
@@ -59,7 +67,10 @@ def test_the_sequential_night_closes_the_engine_while_the_trainer_steps(home, ti
     together_home = tmp_path / "together-home"  # the same conversations (ids and all): the same split
     shutil.copytree(tmp_path / "home", together_home)  # conftest's MACARON_HOME
 
-    report, run, version, open_engines = night(home, model_path, "sequential")
+    report, run, version, open_engines, loads = night(home, model_path, "sequential")
+    # The base is loaded twice a night: for the noise check, planning and rollouts, then for
+    # parity and the gate (the noise check once had a load of its own).
+    assert loads == 2
     assert len(open_engines) == report.metrics["steps"] > 0 and open_engines == [0] * len(open_engines)
     assert report.decision in ("deployed", "rejected") and run.decision == report.decision
     assert report.metrics["memory_plan"] == "sequential"
@@ -78,7 +89,8 @@ def test_the_sequential_night_closes_the_engine_while_the_trainer_steps(home, ti
 
     other = Settings.load()
     assert other.data_dir != home.data_dir
-    together, _, _, open_together = night(other, model_path, "together")
+    together, _, _, open_together, loads = night(other, model_path, "together")
+    assert loads == 1  # one engine for the whole night, noise check, training and gate
     assert open_together == [1] * len(open_together) and "memory_plan" not in together.metrics
     assert np.allclose(together.metrics["losses"], report.metrics["losses"], atol=1e-4)
 

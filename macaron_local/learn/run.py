@@ -154,6 +154,7 @@ class Experts:
 
     def __init__(self, engine: Engine | None, catalog: Catalog, manifest: Manifest, base: BaseModelInfo) -> None:
         """`engine` None: the trainer's side alone (the sequential plan's closed engine)."""
+        self.engine = engine
         self.paths = {slot: catalog.expert_path(manifest, slot) for slot in SLOTS}
         loaded = self.paths.items() if engine is not None else ()
         self.handles = {slot: engine.load_adapter(p, name=slot) for slot, p in loaded if p is not None}
@@ -210,22 +211,15 @@ def learn_personal(
     started = time.perf_counter()
     slot = PERSONAL_SLOT
     runs = store.learning_runs()
-    episodes, noisy = _drop_noise(catalog, manifest, episodes, learned_feedback(runs))
-    if not episodes:
-        return SlotReport(slot, "skipped", f"all {noisy} correction(s) read as noise, not language: nothing to learn")
-    plan = plan_night(episodes, runs, config)
-    if plan.skipped:
-        return SlotReport(slot, "skipped", plan.skipped)
-    plan.noisy = noisy
+    skipped = plan_night(episodes, runs, config).skipped
+    if skipped:  # leaving noise out cannot give a skipped night work, so no model is loaded for it
+        return SlotReport(slot, "skipped", skipped)
     if system_prompt is None:
         system_prompt = str(catalog.settings.get("system_prompt") or "")
-    plan.anchors = pick_anchors(len(plan.new_train), config.anchor_ratio, plan.night, system_prompt)
-    plan.steps = planned_steps(plan, config)
     serve = serve_params(catalog)
     base_path = catalog.base_path(manifest)
     base = BaseModelInfo.from_gguf(base_path)
     deployed = store.deployed_adapter(slot, manifest.name)
-    threads = int(catalog.settings.get("n_threads") or 0)  # the user's setting, as the chat uses it
     if backend_factory is None:
         from macaron_local.learn.backends import make_backend
 
@@ -235,27 +229,33 @@ def learn_personal(
     if config.trainer != "local":
         from macaron_local.learn.remote_run import learn_personal_remote
 
+        with _night_engine(catalog, manifest) as engine:
+            planned = _plan(Experts(engine, catalog, manifest, base), episodes, runs, config, system_prompt)
+        if isinstance(planned, SlotReport):
+            return planned
         return learn_personal_remote(
-            store, catalog, manifest, plan, config, started=started, system_prompt=system_prompt, serve=serve,
+            store, catalog, manifest, planned, config, started=started, system_prompt=system_prompt, serve=serve,
             on_step=on_step, should_stop=should_stop, on_notice=on_notice,
         )  # fmt: skip
     mode = mode or nightly_mode(catalog.settings)
     if mode not in ("together", "sequential"):
         raise ValueError(f"unknown memory mode {mode!r} (together or sequential)")
-    if mode == "sequential":
-        return _learn_sequential(
-            store, catalog, manifest, plan, config, on_step, backend_factory, should_stop, system_prompt, started
-        )
-    with (
-        run_workdir(store.db_path.parent / "learn-work") as workdir,
-        open_engine(
-            EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads),
-            engine_settings(catalog.settings),
-        ) as engine,
-    ):
+    # One load of the base for the whole night: the noise check, the anchors' answers, the
+    # guards, the rollouts and (together) the gate. The sequential plan closes it after its
+    # rollouts and reopens it for the gate.
+    with run_workdir(store.db_path.parent / "learn-work") as workdir, _night_engine(catalog, manifest) as engine:
         experts = Experts(engine, catalog, manifest, base)
+        planned = _plan(experts, episodes, runs, config, system_prompt)
+        if isinstance(planned, SlotReport):
+            return planned
+        plan = planned
         plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
         guards = _guards(engine, config, experts, deployed, plan.night, system_prompt)
+        if mode == "sequential":
+            return _learn_sequential(
+                store, catalog, manifest, plan, config, on_step, backend_factory, should_stop, system_prompt,
+                started, engine, experts, guards, workdir,
+            )  # fmt: skip
         backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, experts)
         result = train(
             backend,
@@ -294,23 +294,40 @@ def learn_personal(
         )  # fmt: skip
 
 
-def _drop_noise(
-    catalog: Catalog, manifest: Manifest, episodes: list[Episode], learned: set[int]
-) -> tuple[list[Episode], int]:
+def _night_engine(catalog: Catalog, manifest: Manifest):
+    """The engine a night runs on: the base, with the user's thread setting as the chat uses it."""
+    threads = int(catalog.settings.get("n_threads") or 0)
+    config = EngineConfig(model_path=catalog.base_path(manifest), n_ctx=2048, kv_switch="reset", n_threads=threads)
+    return open_engine(config, engine_settings(catalog.settings))
+
+
+def _plan(
+    experts: Experts, episodes: list[Episode], runs: list, config: LearnConfig, system_prompt: str
+) -> NightPlan | SlotReport:
+    """The night's plan, once corrections that read as noise are left out (`_drop_noise`), with
+    its anchors picked (not yet answered) and its steps counted; a SlotReport when it is skipped."""
+    episodes, noisy = _drop_noise(experts, episodes, learned_feedback(runs))
+    if not episodes:
+        reason = f"all {noisy} correction(s) read as noise, not language: nothing to learn"
+        return SlotReport(PERSONAL_SLOT, "skipped", reason)
+    plan = plan_night(episodes, runs, config)
+    if plan.skipped:
+        return SlotReport(PERSONAL_SLOT, "skipped", plan.skipped)
+    plan.noisy = noisy
+    plan.anchors = pick_anchors(len(plan.new_train), config.anchor_ratio, plan.night, system_prompt)
+    plan.steps = planned_steps(plan, config)
+    return plan
+
+
+def _drop_noise(experts: Experts, episodes: list[Episode], learned: set[int]) -> tuple[list[Episode], int]:
     """The episodes without those whose correction reads as noise to the bare experts
-    (`fluency.noisy_corrections`), and how many were dropped. Only feedback no deployed run has
-    learned is judged (what was learned passed this before), so the cost follows the new
-    feedback, not the history. The engine is open only for this: one teacher-forced pass per
-    judged correction, before the night plans anything."""
+    (`fluency.noisy_corrections`, on `experts`' engine), and how many were dropped. Only
+    feedback no deployed run has learned is judged (what was learned passed this before), so the
+    cost follows the new feedback, not the history: one teacher-forced pass per judged correction."""
     unlearned = [e for e in episodes if not set(e.feedback_ids) <= learned]
     if not unlearned:
         return episodes, 0
-    base_path = catalog.base_path(manifest)
-    threads = int(catalog.settings.get("n_threads") or 0)
-    config = EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset", n_threads=threads)
-    with open_engine(config, engine_settings(catalog.settings)) as engine:
-        experts = Experts(engine, catalog, manifest, BaseModelInfo.from_gguf(base_path))
-        noisy = {id(e) for e in fluency.noisy_corrections(engine, experts.stack(None), unlearned)}
+    noisy = {id(e) for e in fluency.noisy_corrections(experts.engine, experts.stack(None), unlearned)}
     return [e for e in episodes if id(e) not in noisy], len(noisy)
 
 
@@ -500,11 +517,16 @@ def _learn_sequential(
     should_stop: Callable[[], bool],
     system_prompt: str,
     started: float,
+    engine: Engine,
+    experts: Experts,
+    guards: list[RowGuard],
+    workdir: Path,
 ) -> SlotReport:
     """The night with one copy of the base resident at a time (the memory plan's `sequential`):
 
-    1. engine only: every step's rollouts (with llama.cpp's log-probabilities) and the parity
-       samples' tokens, then the engine is closed;
+    1. engine only (`engine`, opened by the caller, which planned on it): every step's rollouts
+       (with llama.cpp's log-probabilities) and the parity samples' tokens, then the engine is
+       closed;
     2. trainer only: it steps on those rollouts (the importance ratio against the recorded
        sampler log-probabilities corrects for their staleness: see `loop.train_on_rollouts`),
        exports every candidate the gate may judge and keeps its side of parity as numbers, then
@@ -517,93 +539,87 @@ def _learn_sequential(
     import weakref
 
     serve = serve_params(catalog)
-    base_path = catalog.base_path(manifest)
-    base = BaseModelInfo.from_gguf(base_path)
+    base = experts.base
     deployed = store.deployed_adapter(PERSONAL_SLOT, manifest.name)
     phases: list[str] = []
-    engine_config = EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset")
-    with run_workdir(store.db_path.parent / "learn-work") as workdir:
-        with open_engine(engine_config, engine_settings(catalog.settings)) as engine:
-            experts = Experts(engine, catalog, manifest, base)
-            plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
-            guards = _guards(engine, config, experts, deployed, plan.night, system_prompt)
-            night, rollout_s = sample_night(
-                engine,
-                plan.train,
-                config,
-                steps=plan.steps,
-                should_stop=should_stop,
-                underneath=experts.underneath,
-                group_of=experts.group,
-            )
-            samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
-            phases.append(f"rollouts: {len(night)} steps through llama.cpp, no trainer loaded")
-        rollout_engine = weakref.ref(engine)
-        del engine, experts
-        gc.collect()
-
-        def engine_gone() -> bool:
-            held = rollout_engine()
-            return held is None or held.closed
-
-        phases.append(f"engine closed: {engine_gone()}")
-        if len(night) < plan.steps:  # stopped while sampling: no trainer is loaded for nothing
-            return _interrupted(store, plan, TrainResult())
-        trainer_experts = Experts(None, catalog, manifest, base)
-        backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, trainer_experts)
-        open_while_training: list[bool] = []
-
-        def stepped(log: StepLog) -> None:
-            open_while_training.append(not engine_gone())
-            if on_step is not None:
-                on_step(log)
-
-        result = train_on_rollouts(
-            backend,
-            night,
+    with engine:
+        night, rollout_s = sample_night(
+            engine,
+            plan.train,
             config,
-            on_step=stepped,
+            steps=plan.steps,
             should_stop=should_stop,
-            underneath=trainer_experts.underneath,
-            checkpoint_every=config.refresh_every,
-            guards=guards,
+            underneath=experts.underneath,
+            group_of=experts.group,
         )
-        result.rollout_seconds = rollout_s
-        phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
-        if len(result.steps) < plan.steps:
-            return _interrupted(store, plan, result)
-        train_wall = time.perf_counter() - started
-        trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
-        final_weights = backend.lora_weights()
-        final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
-        prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
-        for candidate in [final, *_fallbacks(result, final, config)]:
-            set_lora_weights(backend, candidate.served_weights())
-            file = export_gguf(
-                backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
-            )
-            prepared[candidate.name] = (file, trainer_effects(backend, samples))
-        trainer = weakref.ref(backend)
-        del backend, trainer_experts
-        gc.collect()
-        _free_accelerator_cache()
-        phases.append(f"trainer freed before the engine reopened: {trainer() is None}")
+        samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+        phases.append(f"rollouts: {len(night)} steps through llama.cpp, no trainer loaded")
+    rollout_engine = weakref.ref(engine)
+    del engine, experts
+    gc.collect()
 
-        with open_engine(engine_config, engine_settings(catalog.settings)) as engine:
-            experts = Experts(engine, catalog, manifest, base)
-            experts.underneath("")
+    def engine_gone() -> bool:
+        held = rollout_engine()
+        return held is None or held.closed
 
-            def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
-                file, effects = prepared[candidate.name]
-                return file, parity_from_effects(engine, file, samples, effects, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
+    phases.append(f"engine closed: {engine_gone()}")
+    if len(night) < plan.steps:  # stopped while sampling: no trainer is loaded for nothing
+        return _interrupted(store, plan, TrainResult())
+    trainer_experts = Experts(None, catalog, manifest, base)
+    backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, trainer_experts)
+    open_while_training: list[bool] = []
 
-            phases.append("gate: engine reopened for parity and the gate, no trainer loaded")
-            return _gate_and_record(
-                store, manifest, engine, experts, plan, config, deployed, result, final_weights, started,
-                train_wall, start_note, system_prompt, serve, prepare, None,
-                {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)}
-                | _guard_figures(guards),
-            )  # fmt: skip
+    def stepped(log: StepLog) -> None:
+        open_while_training.append(not engine_gone())
+        if on_step is not None:
+            on_step(log)
+
+    result = train_on_rollouts(
+        backend,
+        night,
+        config,
+        on_step=stepped,
+        should_stop=should_stop,
+        underneath=trainer_experts.underneath,
+        checkpoint_every=config.refresh_every,
+        guards=guards,
+    )
+    result.rollout_seconds = rollout_s
+    phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
+    if len(result.steps) < plan.steps:
+        return _interrupted(store, plan, result)
+    train_wall = time.perf_counter() - started
+    trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
+    final_weights = backend.lora_weights()
+    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
+    prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
+    for candidate in [final, *_fallbacks(result, final, config)]:
+        set_lora_weights(backend, candidate.served_weights())
+        file = export_gguf(
+            backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
+        )
+        prepared[candidate.name] = (file, trainer_effects(backend, samples))
+    trainer = weakref.ref(backend)
+    del backend, trainer_experts
+    gc.collect()
+    _free_accelerator_cache()
+    phases.append(f"trainer freed before the engine reopened: {trainer() is None}")
+
+    with _night_engine(catalog, manifest) as engine:
+        experts = Experts(engine, catalog, manifest, base)
+        experts.underneath("")
+
+        def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
+            file, effects = prepared[candidate.name]
+            return file, parity_from_effects(engine, file, samples, effects, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
+
+        phases.append("gate: engine reopened for parity and the gate, no trainer loaded")
+        return _gate_and_record(
+            store, manifest, engine, experts, plan, config, deployed, result, final_weights, started,
+            train_wall, start_note, system_prompt, serve, prepare, None,
+            {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)}
+            | _guard_figures(guards),
+        )  # fmt: skip
 
 
 def _free_accelerator_cache() -> None:
