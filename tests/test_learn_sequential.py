@@ -5,6 +5,7 @@ process, found by the garbage collector), not from a mock."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import shutil
 
@@ -36,24 +37,32 @@ def seed(home, model_path) -> None:
             store.add_feedback(reply, "correction", text=f"ba {i} ba")
 
 
+@contextlib.contextmanager
+def engines_created():
+    """The model path of every real Engine created inside the block, in order."""
+    created: list = []
+    real_init = Engine.__init__
+
+    def counted_init(self, config, *args, **kwargs) -> None:
+        created.append(config.model_path)
+        real_init(self, config, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Engine, "__init__", counted_init)
+        yield created
+
+
 def night(home, model_path, mode: str):
     """(report, run, version, engines open at each trainer step, engines the night created)."""
     catalog = Catalog(home)
     manifest = catalog.get("tiny")
     engines_open_per_step = []
-    created = []
-    real_init = Engine.__init__
 
     def probe(log) -> None:  # while the trainer steps: which engines on this model are open?
         engines = [o for o in gc.get_objects() if type(o) is Engine and o.config.model_path == model_path]
         engines_open_per_step.append(sum(not e.closed for e in engines))
 
-    def counted_init(self, config, *args, **kwargs) -> None:  # the real engine, counted
-        created.append(config.model_path)
-        real_init(self, config, *args, **kwargs)
-
-    with open_default_store(home) as store, pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Engine, "__init__", counted_init)
+    with open_default_store(home) as store, engines_created() as created:
         [report] = learn_once(store, catalog, manifest, CONFIG, on_step=probe, mode=mode)
         [run] = store.learning_runs()
         version = store.adapter_version(report.version_id)
@@ -149,3 +158,14 @@ def test_a_sequential_night_stopped_while_sampling_keeps_its_feedback(home, tiny
         [run] = store.learning_runs()
     assert report.decision == "skipped" and "interrupted after 0 of" in report.reason
     assert run.status == "interrupted" and run.feedback_ids == [] and run.adapter_version is None
+
+
+def test_a_night_with_nothing_new_loads_no_model(home, tiny_model, tmp_path):
+    model_path = tmp_path / "tiny-idle.gguf"
+    shutil.copy(tiny_model("llama", False, n_ctx_train=2048).path, model_path)
+    Catalog(home).add_local("tiny", model_path)
+    catalog = Catalog(home)
+    with open_default_store(home) as store, engines_created() as created:
+        [report] = learn_once(store, catalog, catalog.get("tiny"), CONFIG, mode="together")
+    assert report.decision == "skipped" and report.reason == "nothing to learn from yet"
+    assert created == []
