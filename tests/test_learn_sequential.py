@@ -160,12 +160,16 @@ def test_a_sequential_night_stopped_while_sampling_keeps_its_feedback(home, tiny
     assert run.status == "interrupted" and run.feedback_ids == [] and run.adapter_version is None
 
 
-def test_a_night_with_nothing_new_loads_no_model(home, tiny_model, tmp_path):
+def test_a_night_with_too_little_new_loads_no_model(home, tiny_model, tmp_path):
     model_path = tmp_path / "tiny-idle.gguf"
     shutil.copy(tiny_model("llama", False, n_ctx_train=2048).path, model_path)
     Catalog(home).add_local("tiny", model_path)
     catalog = Catalog(home)
     with open_default_store(home) as store, engines_created() as created:
+        conversation = store.new_conversation("tiny")
+        question = store.add_message(conversation, "user", "ab")
+        reply, _ = store.add_reply(conversation, question, "cd cd", TURN)
+        store.add_feedback(reply, "correction", text="ba ba")  # one conversation: too few to hold out
         [report] = learn_once(store, catalog, catalog.get("tiny"), CONFIG, mode="together")
-    assert report.decision == "skipped" and report.reason == "nothing to learn from yet"
+    assert report.decision == "skipped" and "too few to train and hold some out" in report.reason
     assert created == []
