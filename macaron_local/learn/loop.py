@@ -42,7 +42,11 @@ class LearnConfig:
     rank: int = 8
     alpha: float = 16.0
     lr: float = 5e-4
-    steps: int = 72  # the cap; a night runs about visits_per_episode visits per episode (learn.plan)
+    # The cap: a night runs about visits_per_episode visits per episode (learn.plan), at most
+    # this many steps. At 72, three lessons on one night (81 episodes with anchors, 2.7 visits
+    # each) taught a greeting beside two facts in 1 run of 3 (greeting 0.375, 0.875, 0.0); at
+    # 108 (4 visits) in 2 of 2 (1.0, 1.0; 522 and 679 s). Nights of one lesson want fewer.
+    steps: int = 108
     episodes_per_step: int = 2
     group_size: int = 2
     max_new_tokens: int = 48
