@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from macaron_local import secrets
 from macaron_local.adapters import read_adapter, write_adapter
-from macaron_local.adapters.validate import BaseModelInfo
-from macaron_local.catalog import Catalog, Manifest
-from macaron_local.engine import EngineConfig, GenerationParams
-from macaron_local.engine.select import engine_settings, open_engine
 from macaron_local.errors import InvalidInputError
 from macaron_local.learn.anchors import answer_anchors
 from macaron_local.learn.backends.tinker_backend import (
@@ -38,7 +35,9 @@ from macaron_local.learn.loop import LearnConfig, StepLog, TrainResult, completi
 from macaron_local.learn.losses import group_advantages
 from macaron_local.learn.plan import NightPlan
 from macaron_local.learn.workdir import run_workdir
-from macaron_local.store import Store
+
+if TYPE_CHECKING:
+    from macaron_local.learn.run import Night
 
 REMOTE_TRAINERS = ("tinker", "mint")
 
@@ -70,37 +69,25 @@ def service_logprobs(trainer: TinkerTrainer, samples) -> list[np.ndarray]:
     ]
 
 
-def learn_personal_remote(
-    store: Store,
-    catalog: Catalog,
-    manifest: Manifest,
-    plan: NightPlan,
-    config: LearnConfig,
-    *,
-    started: float,
-    system_prompt: str,
-    serve: GenerationParams,
-    on_step: Callable[[StepLog], None] | None,
-    should_stop: Callable[[], bool],
-    on_notice: Callable[[str], None] | None = None,
-):
+def learn_personal_remote(night: Night, plan: NightPlan, on_notice: Callable[[str], None] | None = None):
+    """`plan` trained by the remote service, then gated here like every other night."""
     from macaron_local.learn.run import (
         PARITY_REL_TOLERANCE,
         PARITY_TOLERANCE,
-        PERSONAL_SLOT,
         Experts,
+        Trained,
         _gate_and_record,
         _interrupted,
+        _night_engine,
     )
+
+    store, catalog, manifest, config = night.store, night.catalog, night.manifest, night.config
+    on_step, should_stop, base = night.on_step, night.should_stop, night.base
 
     if not config.remote_base_model:
         raise InvalidInputError("[learn] remote_base_model must name the service's base (e.g. Qwen/Qwen3.6-35B-A3B)")
     if on_notice is not None:
         on_notice(consent_line(config))
-    base_path = catalog.base_path(manifest)
-    base = BaseModelInfo.from_gguf(base_path)
-    deployed = store.deployed_adapter(PERSONAL_SLOT, manifest.name)
-    engine_config = EngineConfig(model_path=base_path, n_ctx=2048, kv_switch="reset")
     # The service first: a missing SDK, key or base fails here, before an hour of rollouts.
     trainer = TinkerTrainer(
         config.remote_base_model, rank=config.rank, lr=config.lr, seed=config.seed,
@@ -108,20 +95,20 @@ def learn_personal_remote(
     )  # fmt: skip
     with (
         run_workdir(store.db_path.parent / "learn-work") as workdir,
-        open_engine(engine_config, engine_settings(catalog.settings)) as engine,
+        _night_engine(catalog, manifest) as engine,
     ):
         experts = Experts(engine, catalog, manifest, base)
         plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
-        night, rollout_s = sample_night(
+        rollouts_by_step, rollout_s = sample_night(
             engine, plan.train, config, steps=plan.steps, should_stop=should_stop,
             underneath=experts.underneath, group_of=experts.group,
         )  # fmt: skip
-        if len(night) < plan.steps:
+        if len(rollouts_by_step) < plan.steps:
             return _interrupted(store, plan, TrainResult())
         samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
         result = TrainResult(rollout_seconds=rollout_s)
         training = time.perf_counter()
-        for rollouts in night:
+        for rollouts in rollouts_by_step:
             if should_stop():
                 return _interrupted(store, plan, result)
             began = time.perf_counter()
@@ -145,7 +132,8 @@ def learn_personal_remote(
         for (prompt, completion), tuned in zip(samples, service_logprobs(trainer, samples), strict=True):
             engine.set_adapters([])
             effects.append(tuned - engine.token_logprobs(prompt, completion))
-        train_wall = time.perf_counter() - started
+        note = f"remote trainer {config.trainer} on {config.remote_base_model}"
+        trained = Trained(result, {}, time.perf_counter() - night.started, note)
 
         def prepare(candidate) -> tuple:
             file = final_file
@@ -159,8 +147,5 @@ def learn_personal_remote(
             )
             return file, report
 
-        return _gate_and_record(
-            store, manifest, engine, experts, plan, config, deployed, result, {}, started,
-            train_wall, f"remote trainer {config.trainer} on {config.remote_base_model}", system_prompt, serve,
-            prepare, None, {"trainer": config.trainer, "left_the_machine": consent_line(config)},
-        )  # fmt: skip
+        extra = {"trainer": config.trainer, "left_the_machine": consent_line(config)}
+        return _gate_and_record(night, engine, experts, plan, trained, prepare, None, extra)

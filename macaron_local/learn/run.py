@@ -132,6 +132,35 @@ class Candidate:
         }
 
 
+@dataclass
+class Night:
+    """What every phase of one night shares (where it records, what it serves, how it is
+    driven), so the phases take the night whole instead of a dozen arguments each."""
+
+    store: Store
+    catalog: Catalog
+    manifest: Manifest
+    config: LearnConfig
+    system_prompt: str
+    serve: GenerationParams
+    base: BaseModelInfo
+    deployed: object | None  # the personal version being served when the night began
+    started: float
+    on_step: Callable[[StepLog], None] | None = None
+    should_stop: Callable[[], bool] = lambda: False
+    backend_factory: Callable[[float], object] | None = None
+
+
+@dataclass
+class Trained:
+    """What training left for the gate: the run, its final weights and how it started."""
+
+    result: TrainResult
+    final_weights: dict[str, np.ndarray]
+    train_wall: float
+    start_note: str
+
+
 def split_by_conversation(episodes: list[Episode], share: float = 0.25, seed: int = 0) -> tuple[list, list]:
     """Hold out whole conversations (never a reply whose siblings were trained on)."""
     conversations = sorted({e.conversation_id for e in episodes})
@@ -216,27 +245,25 @@ def learn_personal(
         return SlotReport(slot, "skipped", skipped)
     if system_prompt is None:
         system_prompt = str(catalog.settings.get("system_prompt") or "")
-    serve = serve_params(catalog)
-    base_path = catalog.base_path(manifest)
-    base = BaseModelInfo.from_gguf(base_path)
-    deployed = store.deployed_adapter(slot, manifest.name)
     if backend_factory is None:
         from macaron_local.learn.backends import make_backend
 
         def backend_factory(lr: float):
             return make_backend(config.backend, lr)
 
+    night = Night(
+        store, catalog, manifest, config, system_prompt, serve_params(catalog),
+        BaseModelInfo.from_gguf(catalog.base_path(manifest)), store.deployed_adapter(slot, manifest.name),
+        started, on_step, should_stop, backend_factory,
+    )  # fmt: skip
     if config.trainer != "local":
         from macaron_local.learn.remote_run import learn_personal_remote
 
         with _night_engine(catalog, manifest) as engine:
-            planned = _plan(Experts(engine, catalog, manifest, base), episodes, runs, config, system_prompt)
+            planned = _plan(Experts(engine, catalog, manifest, night.base), episodes, runs, config, system_prompt)
         if isinstance(planned, SlotReport):
             return planned
-        return learn_personal_remote(
-            store, catalog, manifest, planned, config, started=started, system_prompt=system_prompt, serve=serve,
-            on_step=on_step, should_stop=should_stop, on_notice=on_notice,
-        )  # fmt: skip
+        return learn_personal_remote(night, planned, on_notice=on_notice)
     mode = mode or nightly_mode(catalog.settings)
     if mode not in ("together", "sequential"):
         raise ValueError(f"unknown memory mode {mode!r} (together or sequential)")
@@ -244,54 +271,58 @@ def learn_personal(
     # guards, the rollouts and (together) the gate. The sequential plan closes it after its
     # rollouts and reopens it for the gate.
     with run_workdir(store.db_path.parent / "learn-work") as workdir, _night_engine(catalog, manifest) as engine:
-        experts = Experts(engine, catalog, manifest, base)
+        experts = Experts(engine, catalog, manifest, night.base)
         planned = _plan(experts, episodes, runs, config, system_prompt)
         if isinstance(planned, SlotReport):
             return planned
         plan = planned
         plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
-        guards = _guards(engine, config, experts, deployed, plan.night, system_prompt)
-        if mode == "sequential":
-            return _learn_sequential(
-                store, catalog, manifest, plan, config, on_step, backend_factory, should_stop, system_prompt,
-                started, engine, experts, guards, workdir,
-            )  # fmt: skip
-        backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, experts)
-        result = train(
-            backend,
-            engine,
-            base,
-            plan.train,
-            config,
-            workdir,
-            on_step=on_step,
-            should_stop=should_stop,
-            steps=plan.steps,
-            underneath=experts.underneath,
-            group_of=experts.group,
-            checkpoint_every=config.refresh_every,
-            guards=guards,
+        guards = _guards(engine, night, experts, plan.night)
+        learn = _learn_sequential if mode == "sequential" else _learn_together
+        return learn(night, plan, engine, experts, guards, workdir)
+
+
+def _learn_together(
+    night: Night, plan: NightPlan, engine: Engine, experts: Experts, guards: list[RowGuard], workdir: Path
+) -> SlotReport:
+    """The night with engine and trainer side by side: rollouts, steps, parity and the gate all
+    on the one engine `learn_personal` opened, with the gentler retrain offered as the last
+    back-off."""
+    config, base = night.config, night.base
+    backend, start_note = _load_trainer(night, experts)
+    result = train(
+        backend,
+        engine,
+        base,
+        plan.train,
+        config,
+        workdir,
+        on_step=night.on_step,
+        should_stop=night.should_stop,
+        steps=plan.steps,
+        underneath=experts.underneath,
+        group_of=experts.group,
+        checkpoint_every=config.refresh_every,
+        guards=guards,
+    )
+    if len(result.steps) < plan.steps:
+        return _interrupted(night.store, plan, result)
+    train_wall = time.perf_counter() - night.started
+    experts.underneath("")  # parity compares the adapter alone, on the bare base, both sides
+    samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+
+    def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
+        set_lora_weights(backend, candidate.served_weights())
+        file = export_gguf(
+            backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
         )
-        if len(result.steps) < plan.steps:
-            return _interrupted(store, plan, result)
-        train_wall = time.perf_counter() - started
-        experts.underneath("")  # parity compares the adapter alone, on the bare base, both sides
-        samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+        return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
 
-        def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
-            set_lora_weights(backend, candidate.served_weights())
-            file = export_gguf(
-                backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
-            )
-            return file, parity_check(engine, file, backend, samples, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
+    def retrain() -> Candidate:
+        return _retrain(backend, engine, night, plan, workdir, experts, result.start, guards)
 
-        def retrain() -> Candidate:
-            return _retrain(backend, engine, base, plan, config, workdir, experts, result.start, guards)
-
-        return _gate_and_record(
-            store, manifest, engine, experts, plan, config, deployed, result, backend.lora_weights(), started,
-            train_wall, start_note, system_prompt, serve, prepare, retrain, _guard_figures(guards),
-        )  # fmt: skip
+    trained = Trained(result, backend.lora_weights(), train_wall, start_note)
+    return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, _guard_figures(guards))
 
 
 def _night_engine(catalog: Catalog, manifest: Manifest):
@@ -331,15 +362,17 @@ def _drop_noise(experts: Experts, episodes: list[Episode], learned: set[int]) ->
     return [e for e in episodes if id(e) not in noisy], len(noisy)
 
 
-def _load_trainer(backend_factory, config: LearnConfig, catalog: Catalog, manifest: Manifest, deployed, base, experts):
+def _load_trainer(night: Night, experts: Experts):
     """The trainer with a fresh personal LoRA, warm-started from the deployed version if any."""
-    backend = backend_factory(config.lr)
-    backend.load(catalog.base_path(manifest), checkpoint=catalog.trainer_checkpoint(manifest))
+    config, deployed = night.config, night.deployed
+    assert night.backend_factory is not None
+    backend = night.backend_factory(config.lr)
+    backend.load(night.catalog.base_path(night.manifest), checkpoint=night.catalog.trainer_checkpoint(night.manifest))
     backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
     experts.backend = backend
     start_note = "started from zero"
     if deployed is not None and config.warm_start:
-        start_note = warm_start(backend, Path(deployed.path), base, config.rank, config.alpha)
+        start_note = warm_start(backend, Path(deployed.path), night.base, config.rank, config.alpha)
     return backend, start_note
 
 
@@ -370,20 +403,11 @@ def _fallbacks(result: TrainResult, final: Candidate, config: LearnConfig) -> li
 
 
 def _gate_and_record(
-    store: Store,
-    manifest: Manifest,
+    night: Night,
     engine: Engine,
     experts: Experts,
     plan: NightPlan,
-    config: LearnConfig,
-    deployed,
-    result: TrainResult,
-    final_weights: dict[str, np.ndarray],
-    started: float,
-    train_wall: float,
-    start_note: str,
-    system_prompt: str,
-    serve: GenerationParams,
+    trained: Trained,
     prepare: Callable[[Candidate], tuple[Path, ParityReport]],
     retrain: Callable[[], Candidate] | None,
     extra_metrics: dict,
@@ -392,6 +416,9 @@ def _gate_and_record(
     every one tried and deploy the best that passes. `prepare` gives a candidate's exported
     file and its parity report; `retrain` (None: not offered) the gentler retrain."""
     slot = PERSONAL_SLOT
+    store, manifest, config, deployed = night.store, night.manifest, night.config, night.deployed
+    system_prompt, serve, started = night.system_prompt, night.serve, night.started
+    result, train_wall = trained.result, trained.train_wall
     current_handle = engine.load_adapter(deployed.path) if deployed else None
     judging = started_judging = time.perf_counter()
     bare = experts.stack(None)
@@ -423,7 +450,7 @@ def _gate_and_record(
         engine.unload_adapter(handle)
         return candidate
 
-    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
+    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, trained.final_weights)
     tried = [judge(final)]
     judge_s = time.perf_counter() - judging
     budget_end = time.perf_counter() + config.backoff_s
@@ -464,7 +491,7 @@ def _gate_and_record(
         "heldout_conversations": plan.new_heldout_conversations,
         "night": plan.night,
         "noise_corrections_left_out": plan.noisy,
-        "start": start_note,
+        "start": trained.start_note,
         "steps": len(result.steps),
         "losses": [round(s.loss, 4) for s in result.steps],
         "final_kl": round(result.steps[-1].kl, 4) if result.steps else None,
@@ -507,20 +534,7 @@ def _gate_and_record(
 
 
 def _learn_sequential(
-    store: Store,
-    catalog: Catalog,
-    manifest: Manifest,
-    plan: NightPlan,
-    config: LearnConfig,
-    on_step: Callable[[StepLog], None] | None,
-    backend_factory: Callable[[float], object],
-    should_stop: Callable[[], bool],
-    system_prompt: str,
-    started: float,
-    engine: Engine,
-    experts: Experts,
-    guards: list[RowGuard],
-    workdir: Path,
+    night: Night, plan: NightPlan, engine: Engine, experts: Experts, guards: list[RowGuard], workdir: Path
 ) -> SlotReport:
     """The night with one copy of the base resident at a time (the memory plan's `sequential`):
 
@@ -538,22 +552,20 @@ def _learn_sequential(
     import gc
     import weakref
 
-    serve = serve_params(catalog)
-    base = experts.base
-    deployed = store.deployed_adapter(PERSONAL_SLOT, manifest.name)
+    store, catalog, manifest, config, base = night.store, night.catalog, night.manifest, night.config, night.base
     phases: list[str] = []
     with engine:
-        night, rollout_s = sample_night(
+        rollouts, rollout_s = sample_night(
             engine,
             plan.train,
             config,
             steps=plan.steps,
-            should_stop=should_stop,
+            should_stop=night.should_stop,
             underneath=experts.underneath,
             group_of=experts.group,
         )
         samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
-        phases.append(f"rollouts: {len(night)} steps through llama.cpp, no trainer loaded")
+        phases.append(f"rollouts: {len(rollouts)} steps through llama.cpp, no trainer loaded")
     rollout_engine = weakref.ref(engine)
     del engine, experts
     gc.collect()
@@ -563,23 +575,23 @@ def _learn_sequential(
         return held is None or held.closed
 
     phases.append(f"engine closed: {engine_gone()}")
-    if len(night) < plan.steps:  # stopped while sampling: no trainer is loaded for nothing
+    if len(rollouts) < plan.steps:  # stopped while sampling: no trainer is loaded for nothing
         return _interrupted(store, plan, TrainResult())
     trainer_experts = Experts(None, catalog, manifest, base)
-    backend, start_note = _load_trainer(backend_factory, config, catalog, manifest, deployed, base, trainer_experts)
+    backend, start_note = _load_trainer(night, trainer_experts)
     open_while_training: list[bool] = []
 
     def stepped(log: StepLog) -> None:
         open_while_training.append(not engine_gone())
-        if on_step is not None:
-            on_step(log)
+        if night.on_step is not None:
+            night.on_step(log)
 
     result = train_on_rollouts(
         backend,
-        night,
+        rollouts,
         config,
         on_step=stepped,
-        should_stop=should_stop,
+        should_stop=night.should_stop,
         underneath=trainer_experts.underneath,
         checkpoint_every=config.refresh_every,
         guards=guards,
@@ -588,10 +600,9 @@ def _learn_sequential(
     phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
     if len(result.steps) < plan.steps:
         return _interrupted(store, plan, result)
-    train_wall = time.perf_counter() - started
+    trained = Trained(result, backend.lora_weights(), time.perf_counter() - night.started, start_note)
     trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
-    final_weights = backend.lora_weights()
-    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
+    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, trained.final_weights)
     prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
     for candidate in [final, *_fallbacks(result, final, config)]:
         set_lora_weights(backend, candidate.served_weights())
@@ -614,12 +625,8 @@ def _learn_sequential(
             return file, parity_from_effects(engine, file, samples, effects, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
 
         phases.append("gate: engine reopened for parity and the gate, no trainer loaded")
-        return _gate_and_record(
-            store, manifest, engine, experts, plan, config, deployed, result, final_weights, started,
-            train_wall, start_note, system_prompt, serve, prepare, None,
-            {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)}
-            | _guard_figures(guards),
-        )  # fmt: skip
+        extra = {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)}
+        return _gate_and_record(night, engine, experts, plan, trained, prepare, None, extra | _guard_figures(guards))
 
 
 def _free_accelerator_cache() -> None:
@@ -643,15 +650,14 @@ def _guard_figures(guards: list[RowGuard]) -> dict:
     }
 
 
-def _guards(
-    engine: Engine, config: LearnConfig, experts: Experts, deployed, night: int, system_prompt: str
-) -> list[RowGuard]:
+def _guards(engine: Engine, night: Night, experts: Experts, night_number: int) -> list[RowGuard]:
     """The rows every step holds in place, built while the engine is open: the plain-text
     passages (learn/passages.py) and, on a night that continues a deployed version, that
     version's lessons on everyday requests (learn/lesson_guard.py)."""
+    config, deployed = night.config, night.deployed
     guards: list[RowGuard] = [PassageGuard(passage_tokens(engine), config.passages_per_step, config.passage_weight)]
     if deployed is not None and config.warm_start and config.lesson_weight > 0 and config.lesson_questions > 0:
-        questions = lesson_questions(config.lesson_questions, night, system_prompt)
+        questions = lesson_questions(config.lesson_questions, night_number, night.system_prompt)
         handle = engine.load_adapter(deployed.path)
         stacks = experts.stack(None), experts.stack(handle)
         guards.append(
@@ -662,9 +668,10 @@ def _guards(
 
 
 def _retrain(
-    backend, engine, base, plan: NightPlan, config: LearnConfig, workdir, experts, initial, guards: list[RowGuard]
+    backend, engine: Engine, night: Night, plan: NightPlan, workdir: Path, experts: Experts, initial, guards
 ) -> Candidate:
     """The last fallback: the night again from its start, half the step size, 4x the KL anchor."""
+    config, base = night.config, night.base
     gentler = dataclasses.replace(config, lr=config.lr / 2, kl_beta=config.kl_beta * 4, seed=config.seed + 1)
     set_lora_weights(backend, initial)
     backend.reset_optimizer(gentler.lr)
