@@ -58,7 +58,7 @@ from macaron_local.learn.retention import Lessons
 from macaron_local.learn.stacking import expert_trainer_source, stacked_source
 from macaron_local.learn.warm import warm_start
 from macaron_local.learn.workdir import run_workdir
-from macaron_local.store import Store
+from macaron_local.store import AdapterVersion, Store
 
 MAX_NLL_INCREASE = gate.MAX_NLL_INCREASE
 #: The adapter's effect may differ by this much (nats, any token) between llama.cpp's quantized
@@ -144,7 +144,7 @@ class Night:
     system_prompt: str
     serve: GenerationParams
     base: BaseModelInfo
-    deployed: object | None  # the personal version being served when the night began
+    deployed: AdapterVersion | None  # the personal version being served when the night began
     started: float
     on_step: Callable[[StepLog], None] | None = None
     should_stop: Callable[[], bool] = lambda: False
