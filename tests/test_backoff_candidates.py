@@ -1,5 +1,6 @@
 """The back-off's candidates, alone (no model): the half-strength one halves tonight's update and
-never what earlier nights taught, and the deployed candidate is chosen on all held-out feedback."""
+never what earlier nights taught, the deployed candidate is chosen on all held-out feedback, and
+the scan stops where older checkpoints stop winning."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 
 from macaron_local.learn.gate import Scores
 from macaron_local.learn.loop import Checkpoint, LearnConfig, TrainResult
-from macaron_local.learn.run import Candidate, _fallbacks
+from macaron_local.learn.run import Candidate, _fallbacks, judge_in_turn
 
 
 def lora(a: float, b: float, seed: int = 0) -> dict[str, np.ndarray]:
@@ -66,3 +67,68 @@ def test_a_candidate_is_chosen_on_every_held_out_episode_pooled():
     assert keeps.all_mean > forgets.all_mean
     assert abs(keeps.all_mean - (0.8 + 1.2) / 6) < 1e-9
     assert Scores([], []).all_mean == 0.0
+
+
+# Three real back-off scans (bench/learning.py and bench/nights.py on the embedded model, stop 34),
+# judged in full, newest first: (name, passed, choice_score) after the rejected final candidate.
+RATINGS_NIGHT = [("step-102", False, 0.003), ("step-96", True, 0.0676), ("step-90", True, 0.0535),
+                 ("step-84", True, 0.0417), ("step-78", False, 0.0267), ("step-72", False, 0.0167),
+                 ("step-66", True, 0.0446), ("step-60", False, 0.0216), ("step-54", False, 0.0402),
+                 ("step-48", False, -0.0182), ("step-42", False, -0.0234), ("step-36", False, -0.0058),
+                 ("step-30", False, -0.0683), ("step-24", False, -0.0249), ("step-18", False, -0.0273),
+                 ("step-12", False, 0.0057), ("step-6", False, -0.0033), ("final-half", False, -0.0091)]  # fmt: skip
+TLDR_NIGHT = [("step-66", False, 0.0528), ("step-60", False, 0.0888), ("step-54", True, 0.0747),
+              ("step-48", True, 0.025), ("step-42", True, 0.0125), ("step-36", True, -0.0119),
+              ("step-30", True, 0.0347), ("step-24", True, -0.0249), ("step-18", True, 0.0006),
+              ("step-12", False, -0.0742), ("step-6", False, -0.1284), ("final-half", False, -0.1033)]  # fmt: skip
+SECOND_NIGHT = [("step-78", False, 0.0235), ("step-72", False, 0.0382), ("step-66", False, 0.0118),
+                ("step-60", False, 0.0036), ("step-54", False, 0.0393), ("step-48", False, -0.0155),
+                ("step-42", False, 0.043), ("step-36", True, 0.0209), ("step-30", True, 0.0508),
+                ("step-24", True, 0.032), ("step-18", True, -0.0956), ("step-12", True, -0.0632),
+                ("step-6", True, -0.1366), ("final-half", True, -0.0192)]  # fmt: skip
+
+
+def scan(recorded, patience: int, budget: int = 100) -> list[Candidate]:
+    """judge_in_turn over recorded verdicts; `budget`: how many judgements fit."""
+    verdicts = {name: (passed, score) for name, passed, score in recorded}
+    judged: list[str] = []
+
+    def judge(candidate: Candidate) -> Candidate:
+        judged.append(candidate.name)
+        candidate.passed, score = verdicts[candidate.name]
+        candidate.figures = {"choice_score": score}
+        return candidate
+
+    candidates = [Candidate(name, 0, 5e-4, 0.1, {}) for name, _, _ in recorded]
+    done = judge_in_turn(candidates, judge, affordable=lambda: len(judged) < budget, patience=patience)
+    assert [c.name for c in done] == judged
+    return done
+
+
+def best(judged: list[Candidate]) -> str | None:
+    passed = [c for c in judged if c.passed]
+    return max(passed, key=lambda c: c.figures["choice_score"]).name if passed else None
+
+
+def test_patience_keeps_the_choice_of_a_full_scan_on_real_nights_at_a_fraction_of_the_cost():
+    nights = ((RATINGS_NIGHT, "step-96", 5), (TLDR_NIGHT, "step-54", 6), (SECOND_NIGHT, "step-30", 12))
+    for recorded, chosen, judged in nights:
+        full = scan(recorded, patience=0)
+        assert len(full) == len(recorded) and best(full) == chosen
+        short = scan(recorded, patience=3)
+        assert best(short) == chosen and len(short) == judged
+
+
+def test_patience_counts_only_after_a_pass_and_restarts_at_a_better_one():
+    failing = [(f"step-{i}", False, 0.1) for i in range(20, 0, -1)]
+    assert len(scan(failing, patience=3)) == 20  # nothing passed: every checkpoint is tried
+    climbing = [("a", True, 0.1), ("b", False, 0.0), ("c", True, 0.2), ("d", True, 0.1), ("e", False, 0.0),
+                ("f", True, 0.15), ("g", True, 0.3)]  # fmt: skip
+    assert [c.name for c in scan(climbing, patience=3)] == ["a", "b", "c", "d", "e", "f"]
+    assert best(scan(climbing, patience=4)) == "g"
+
+
+def test_the_time_budget_bounds_the_scan_whatever_the_patience():
+    assert len(scan(TLDR_NIGHT, patience=0, budget=2)) == 2
+    assert best(scan(TLDR_NIGHT, patience=3, budget=2)) is None
+    assert scan(TLDR_NIGHT, patience=3, budget=0) == []

@@ -10,7 +10,8 @@ candidate the way the user is served.
 When the gate rejects the trained candidate the run backs off instead of giving up, cheapest
 first, within `config.backoff_s` seconds: the run's own earlier checkpoints (newest first),
 tonight's update at half strength (halfway from where the night started), then one retrain at
-half the learning rate with four times the KL anchor. The best candidate that passes every
+half the learning rate with four times the KL anchor. Once one passes, the scan stops after
+`config.backoff_patience` more that do not beat it. The best candidate that passes every
 check (highest reward on all held-out feedback, tonight's and earlier nights', less the
 probability earlier lessons' taught tokens lost) is deployed.
 Every candidate tried is registered (rejected ones as `rejected`) with its evaluations, and
@@ -22,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -402,6 +403,30 @@ def _fallbacks(result: TrainResult, final: Candidate, config: LearnConfig) -> li
     return fallbacks
 
 
+def judge_in_turn(
+    candidates: Sequence[Candidate],
+    judge: Callable[[Candidate], Candidate],
+    affordable: Callable[[], bool],
+    patience: int,
+) -> list[Candidate]:
+    """Judge `candidates` in order while another judgement fits the budget (`affordable`), and,
+    once one has passed, until `patience` in a row (0: no limit) have not beaten the best that
+    passed (on `gate.choice_score`). Returns those judged, in order."""
+    judged: list[Candidate] = []
+    best: float | None = None
+    since_best = 0
+    for candidate in candidates:
+        if not affordable() or (best is not None and patience and since_best >= patience):
+            break
+        judged.append(judge(candidate))
+        score = candidate.figures.get("choice_score") if candidate.passed else None
+        if score is not None and (best is None or score > best):
+            best, since_best = score, 0
+        elif best is not None:
+            since_best += 1
+    return judged
+
+
 def _gate_and_record(
     night: Night,
     engine: Engine,
@@ -455,10 +480,12 @@ def _gate_and_record(
     judge_s = time.perf_counter() - judging
     budget_end = time.perf_counter() + config.backoff_s
     if not final.passed:
-        for candidate in _fallbacks(result, final, config):
-            if time.perf_counter() + judge_s > budget_end:
-                break
-            tried.append(judge(candidate))
+        tried += judge_in_turn(
+            _fallbacks(result, final, config),
+            judge,
+            affordable=lambda: time.perf_counter() + judge_s <= budget_end,
+            patience=config.backoff_patience,
+        )
         if (
             retrain is not None
             and not any(c.passed for c in tried)
