@@ -147,9 +147,9 @@ class Night:
     base: BaseModelInfo
     deployed: AdapterVersion | None  # the personal version being served when the night began
     started: float
+    backend_factory: Callable[[float], object]  # learning rate -> a trainer backend (local nights)
     on_step: Callable[[StepLog], None] | None = None
     should_stop: Callable[[], bool] = lambda: False
-    backend_factory: Callable[[float], object] | None = None
 
 
 @dataclass
@@ -255,7 +255,7 @@ def learn_personal(
     night = Night(
         store, catalog, manifest, config, system_prompt, serve_params(catalog),
         BaseModelInfo.from_gguf(catalog.base_path(manifest)), store.deployed_adapter(slot, manifest.name),
-        started, on_step, should_stop, backend_factory,
+        started, backend_factory, on_step, should_stop,
     )  # fmt: skip
     if config.trainer != "local":
         from macaron_local.learn.remote_run import learn_personal_remote
@@ -366,7 +366,6 @@ def _drop_noise(experts: Experts, episodes: list[Episode], learned: set[int]) ->
 def _load_trainer(night: Night, experts: Experts):
     """The trainer with a fresh personal LoRA, warm-started from the deployed version if any."""
     config, deployed = night.config, night.deployed
-    assert night.backend_factory is not None
     backend = night.backend_factory(config.lr)
     backend.load(night.catalog.base_path(night.manifest), checkpoint=night.catalog.trainer_checkpoint(night.manifest))
     backend.add_lora(rank=config.rank, alpha=config.alpha, seed=config.seed)
