@@ -94,9 +94,9 @@ class LearnConfig:
     backoff_s: float = 300.0
     # Once a back-off candidate passes, the run stops after this many more in a row that do not
     # beat the best so far (0: judge every one the budget allows). Checkpoints lie on one path,
-    # and the older ones taught less: in three nights that judged all (a ratings night's 18, 12
-    # of tldr's, 7 of a second night's) the deployed one was found within three of the first
-    # to pass, and the scans beyond it cost up to 230 s.
+    # and the older ones taught less: in three nights that judged all (a ratings night's 18,
+    # tldr's 12, a second night's 14) the deployed one was found within three of the first to
+    # pass, and the scans beyond it cost up to about 175 s.
     backoff_patience: int = 3
     # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
     # (off by default: the conversations trained on are sent there; learn/remote_run.py).
