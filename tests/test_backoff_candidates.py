@@ -8,7 +8,7 @@ import numpy as np
 
 from macaron_local.learn.gate import Scores
 from macaron_local.learn.loop import Checkpoint, LearnConfig, TrainResult
-from macaron_local.learn.run import Candidate, _fallbacks, judge_in_turn
+from macaron_local.learn.run import Candidate, _fallbacks, best_passing, judge_in_turn
 
 
 def lora(a: float, b: float, seed: int = 0) -> dict[str, np.ndarray]:
@@ -106,8 +106,8 @@ def scan(recorded, patience: int, budget: int = 100) -> list[Candidate]:
 
 
 def best(judged: list[Candidate]) -> str | None:
-    passed = [c for c in judged if c.passed]
-    return max(passed, key=lambda c: c.figures["choice_score"]).name if passed else None
+    chosen = best_passing(judged)
+    return chosen.name if chosen else None
 
 
 def test_patience_keeps_the_choice_of_a_full_scan_on_real_nights_at_a_fraction_of_the_cost():

@@ -412,18 +412,24 @@ def judge_in_turn(
     once one has passed, until `patience` in a row (0: no limit) have not beaten the best that
     passed (on `gate.choice_score`). Returns those judged, in order."""
     judged: list[Candidate] = []
-    best: float | None = None
+    best: Candidate | None = None
     since_best = 0
     for candidate in candidates:
         if not affordable() or (best is not None and patience and since_best >= patience):
             break
         judged.append(judge(candidate))
-        score = candidate.figures.get("choice_score") if candidate.passed else None
-        if score is not None and (best is None or score > best):
-            best, since_best = score, 0
+        leader = best_passing(judged)
+        if leader is not best:
+            best, since_best = leader, 0
         elif best is not None:
             since_best += 1
     return judged
+
+
+def best_passing(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The passing candidate with the highest `gate.choice_score` (the first of equals); None
+    when none passed. What the night deploys, and what the back-off's patience measures from."""
+    return max((c for c in candidates if c.passed), key=lambda c: c.figures["choice_score"], default=None)
 
 
 def _gate_and_record(
@@ -494,7 +500,7 @@ def _gate_and_record(
     # The best for the user is the best on everything held out: tonight's feedback and what
     # earlier nights taught (choosing on tonight's alone preferred a candidate that forgot more),
     # less what the taught tokens lost (gate.choice_score).
-    best = max((c for c in tried if c.passed), key=lambda c: c.figures["choice_score"], default=None)
+    best = best_passing(tried)
     chosen = best or final
     decision = "deployed" if best else "rejected"
     if best:
