@@ -132,3 +132,23 @@ def test_the_time_budget_bounds_the_scan_whatever_the_patience():
     assert len(scan(TLDR_NIGHT, patience=0, budget=2)) == 2
     assert best(scan(TLDR_NIGHT, patience=3, budget=2)) is None
     assert scan(TLDR_NIGHT, patience=3, budget=0) == []
+
+
+def test_after_a_final_that_passed_patience_counts_from_the_start_and_only_a_better_one_replaces_it():
+    final = Candidate("final", 72, 5e-4, 0.1, {}, passed=True, figures={"choice_score": 0.1})
+    scores = {"step-66": 0.05, "step-60": 0.05, "step-54": 0.1, "step-48": 0.05, "step-42": 0.2}
+
+    def judge(candidate: Candidate) -> Candidate:
+        candidate.passed, candidate.figures = True, {"choice_score": scores[candidate.name]}
+        return candidate
+
+    def scan_after_final(names: list[str]) -> list[Candidate]:
+        candidates = [Candidate(name, 0, 5e-4, 0.1, {}) for name in names]
+        return judge_in_turn(candidates, judge, affordable=lambda: True, patience=3, passed=final)
+
+    done = scan_after_final(["step-66", "step-60", "step-54", "step-48", "step-42"])
+    assert [c.name for c in done] == ["step-66", "step-60", "step-54"]  # none beat the final (a tie neither)
+    assert best_passing([final, *done]) is final
+    done = scan_after_final(["step-66", "step-42", "step-60", "step-54", "step-48"])
+    assert [c.name for c in done] == ["step-66", "step-42", "step-60", "step-54", "step-48"]
+    assert best_passing([final, *done]).name == "step-42"

@@ -44,6 +44,8 @@ def test_a_run_is_gated_registered_and_recorded(home, tiny_model, backend):
         assert report.metrics["train_episodes"] == 6 and report.metrics["heldout_episodes"] == 2
         # A float32 base: both sides agree to float32 rounding (MLX fuses norm and rope differently).
         assert report.metrics["parity_max_abs_diff"] <= 5e-3
+        # The trainer read the 2 held-out corrections under the final and the step-1 checkpoint.
+        assert {"final", "step-1", "final-half"} <= set(report.metrics["heldout_logprob_gain"])
         timing = report.metrics
         assert timing["rollout_s"] >= 0 and timing["trainer_s"] >= 0  # rounded to 0.1 s: a tiny run can show 0.0
         assert timing["rollout_s"] + timing["trainer_s"] <= timing["train_s"] + 0.1  # parts of it

@@ -102,6 +102,10 @@ def test_the_sequential_night_closes_the_engine_while_the_trainer_steps(home, ti
     assert loads == 1  # one engine for the whole night, noise check, training and gate
     assert open_together == [1] * len(open_together) and "memory_plan" not in together.metrics
     assert np.allclose(together.metrics["losses"], report.metrics["losses"], atol=1e-4)
+    # Both plans read tonight's held-out corrections in the trainer under the same candidates.
+    gains, gains_together = report.metrics["heldout_logprob_gain"], together.metrics["heldout_logprob_gain"]
+    assert "final" in gains and gains.keys() == gains_together.keys()
+    assert np.allclose([gains[k] for k in gains], [gains_together[k] for k in gains], atol=1e-3)
 
 
 def test_the_sequential_night_on_the_tiny_qwen3_5_moe_with_stacked_experts(tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Engine, EngineConfig, GenerationParams
 from macaron_local.engine.select import engine_settings, open_engine
-from macaron_local.learn import fluency, gate
+from macaron_local.learn import fluency, gate, validation
 from macaron_local.learn.anchors import answer_anchors, pick_anchors
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
@@ -322,8 +322,12 @@ def _learn_together(
     def retrain() -> Candidate:
         return _retrain(backend, engine, night, plan, workdir, experts, result.start, guards)
 
+    def validate(candidate: Candidate) -> float | None:
+        set_lora_weights(backend, candidate.served_weights())
+        return validation.heldout_gain(trainer_effects(backend, samples))
+
     trained = Trained(result, backend.lora_weights(), train_wall, start_note)
-    return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, _guard_figures(guards))
+    return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, _guard_figures(guards), validate)
 
 
 def _night_engine(catalog: Catalog, manifest: Manifest):
@@ -407,18 +411,20 @@ def judge_in_turn(
     judge: Callable[[Candidate], Candidate],
     affordable: Callable[[], bool],
     patience: int,
+    passed: Candidate | None = None,
 ) -> list[Candidate]:
     """Judge `candidates` in order while another judgement fits the budget (`affordable`), and,
-    once one has passed, until `patience` in a row (0: no limit) have not beaten the best that
-    passed (on `gate.choice_score`). Returns those judged, in order."""
+    once one has passed (or from the start, given one that `passed` already), until `patience`
+    in a row (0: no limit) have not beaten the best that passed (on `gate.choice_score`).
+    Returns those judged, in order."""
     judged: list[Candidate] = []
-    best: Candidate | None = None
+    best = passed
     since_best = 0
     for candidate in candidates:
         if not affordable() or (best is not None and patience and since_best >= patience):
             break
         judged.append(judge(candidate))
-        leader = best_passing(judged)
+        leader = best_passing([*([passed] if passed else []), *judged])  # ties: the earlier stays
         if leader is not best:
             best, since_best = leader, 0
         elif best is not None:
@@ -441,10 +447,14 @@ def _gate_and_record(
     prepare: Callable[[Candidate], tuple[Path, ParityReport]],
     retrain: Callable[[], Candidate] | None,
     extra_metrics: dict,
+    validate: Callable[[Candidate], float | None] | None = None,
 ) -> SlotReport:
     """Judge the final candidate (then the back-off ones) the way the user is served, register
     every one tried and deploy the best that passes. `prepare` gives a candidate's exported
-    file and its parity report; `retrain` (None: not offered) the gentler retrain."""
+    file and its parity report; `retrain` (None: not offered) the gentler retrain; `validate`
+    (None: not offered) a candidate's gain on tonight's held-out corrections in the trainer
+    (`learn.validation`): a final that passed is looked past when a back-off candidate reads
+    them clearly better."""
     slot = PERSONAL_SLOT
     store, manifest, config, deployed = night.store, night.manifest, night.config, night.deployed
     system_prompt, serve, started = night.system_prompt, night.serve, night.started
@@ -484,12 +494,18 @@ def _gate_and_record(
     tried = [judge(final)]
     judge_s = time.perf_counter() - judging
     budget_end = time.perf_counter() + config.backoff_s
-    if not final.passed:
+    fallbacks = _fallbacks(result, final, config)
+    validating = time.perf_counter()
+    gains = {c.name: validate(c) for c in [final, *fallbacks]} if validate is not None else {}
+    validate_s = time.perf_counter() - validating
+    overfit_note = validation.overfit(gains) if final.passed else ""
+    if not final.passed or overfit_note:
         tried += judge_in_turn(
-            _fallbacks(result, final, config),
+            fallbacks,
             judge,
             affordable=lambda: time.perf_counter() + judge_s <= budget_end,
             patience=config.backoff_patience,
+            passed=final if final.passed else None,
         )
         if (
             retrain is not None
@@ -532,6 +548,9 @@ def _gate_and_record(
         "rollout_s": round(result.rollout_seconds, 1),  # the engine's sampling, within train_s
         "trainer_s": round(result.trainer_seconds, 1),  # the trainer's steps, within train_s
         "judge_s": round(time.perf_counter() - started_judging, 1),
+        "validate_s": round(validate_s, 1),  # the trainer's reading of the held-out corrections
+        "heldout_logprob_gain": {name: round(g, 4) for name, g in gains.items() if g is not None},
+        **({"overfit": overfit_note} if overfit_note else {}),
         "chosen": chosen.name,
         **chosen.figures,
         "candidates": [c.summary() for c in tried],
@@ -656,9 +675,14 @@ def _learn_sequential(
             file, effects = prepared[candidate.name]
             return file, parity_from_effects(engine, file, samples, effects, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
 
+        def validate(candidate: Candidate) -> float | None:
+            return validation.heldout_gain(prepared[candidate.name][1])
+
         phases.append("gate: engine reopened for parity and the gate, no trainer loaded")
         extra = {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)}
-        return _gate_and_record(night, engine, experts, plan, trained, prepare, None, extra | _guard_figures(guards))
+        return _gate_and_record(
+            night, engine, experts, plan, trained, prepare, None, extra | _guard_figures(guards), validate
+        )
 
 
 def _free_accelerator_cache() -> None:
