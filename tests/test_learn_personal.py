@@ -153,8 +153,11 @@ def test_every_candidate_is_recorded_and_the_best_passing_one_is_deployed(expert
         versions = [v for v in store.adapter_versions() if v.learning_run_id == run.id]
         assert sorted(v.evaluations["candidate"]["name"] for v in versions) == sorted(c["name"] for c in candidates)
         assert candidates[0]["name"] == "final" and all("heldout_reward_after" in c for c in candidates)
-        if not candidates[0]["passed"]:  # checkpoints at steps 4 and 2, then the final at half strength
-            assert [c["name"] for c in candidates[1:4]] == ["step-4", "step-2", "final-half"]
+        if not candidates[0]["passed"]:  # checkpoints at steps 4 and 2, the final at half strength
+            judged = [c["name"] for c in candidates[1:4]]
+            assert sorted(judged) == ["final-half", "step-2", "step-4"]
+            gains = run.metrics["heldout_logprob_gain"]  # judged best reader of the held-out corrections first
+            assert [gains[name] for name in judged] == sorted((gains[name] for name in judged), reverse=True)
             assert all(c["reasons"] for c in candidates if not c["passed"])
         passed = [c for c in candidates if c["passed"]]
         deployed = store.deployed_adapter(PERSONAL_SLOT, "tiny")

@@ -5,16 +5,33 @@ from __future__ import annotations
 
 import numpy as np
 
-from macaron_local.learn.validation import OVERFIT_MARGIN, heldout_gain, overfit
+from macaron_local.learn.run import Candidate, best_passing, judge_in_turn
+from macaron_local.learn.validation import OVERFIT_MARGIN, heldout_gain, overfit, ranked
 
-# Held-out corrections' mean gain (nats a token over the bare base) of every candidate kept from
-# three real tldr nights (bench/learning.py on the embedded model, stops 34 and 35), read
-# teacher-forced under each candidate's GGUF: the final trails the run's best in each.
-STOP35_THIRD = {"final": 0.659, "step-66": 0.576, "step-60": 0.819, "step-54": 0.942, "step-48": 0.987,
-                "step-42": 0.999, "step-36": 0.979, "step-30": 0.919, "step-24": 0.871}  # fmt: skip
-STOP35_SECOND = {"final": 0.755, "step-66": 0.835, "step-60": 0.915, "step-54": 0.977, "step-48": 0.996,
-                 "step-42": 1.057}  # fmt: skip
+# The night's held-out corrections' mean gain (nats a token over the bare base) under candidates
+# of a real tldr night (bench/learning.py on the embedded model, stop 34), read teacher-forced
+# under each one's GGUF afterwards; three more nights' are in the scans below.
 STOP34 = {"final": 0.978, "step-66": 1.035, "step-60": 1.12, "step-54": 1.15}
+
+
+# Three real back-off scans after a rejected final (tldr on the embedded model), every candidate
+# judged, newest first: (name, passed, choice_score, held-out gain). Their finals read 0.702,
+# 0.659 and 0.755. The first night's gains are the trainer's own (stop 36); the other two were
+# read afterwards under each candidate's GGUF (stop 35).
+STOP36 = [("step-66", True, -0.1371, 0.751), ("step-60", True, -0.0665, 0.841), ("step-54", False, -0.0509, 0.875),
+          ("step-48", True, -0.031, 0.88), ("step-42", True, -0.0139, 1.003), ("step-36", True, -0.0197, 1.084),
+          ("step-30", True, 0.05, 1.083), ("step-24", True, -0.0857, 1.044), ("step-18", False, -0.039, 0.962),
+          ("step-12", False, -0.1034, 0.7)]  # fmt: skip
+STOP35_THIRD_SCAN = [("step-66", False, 0.01, 0.576), ("step-60", True, 0.0717, 0.819),
+                     ("step-54", False, 0.068, 0.942), ("step-48", True, 0.0849, 0.987),
+                     ("step-42", True, 0.0514, 0.999), ("step-36", True, 0.0501, 0.979),
+                     ("step-30", True, 0.0964, 0.919), ("step-24", True, 0.1033, 0.871),
+                     ("step-18", False, -0.0085, 0.703), ("step-12", False, -0.0411, 0.492),
+                     ("step-6", False, -0.044, 0.338)]  # fmt: skip
+STOP35_SECOND_SCAN = [("step-66", False, 0.0736, 0.835), ("step-60", False, 0.0568, 0.915),
+                      ("step-54", False, 0.0735, 0.977), ("step-48", False, 0.0656, 0.996),
+                      ("step-42", True, 0.0954, 1.057), ("step-36", False, -0.0797, 0.899),
+                      ("step-30", True, 0.0158, 0.978), ("step-24", True, 0.0273, 0.911)]  # fmt: skip
 
 
 def test_the_gain_is_the_mean_over_every_token_of_every_sample():
@@ -23,8 +40,17 @@ def test_the_gain_is_the_mean_over_every_token_of_every_sample():
     assert heldout_gain([]) is None and heldout_gain([np.zeros(0)]) is None
 
 
+def gains_of(recorded, final: float) -> dict[str, float]:
+    return {"final": final, **{name: gain for name, _, _, gain in recorded}}
+
+
 def test_the_recorded_overfit_finals_are_looked_past_and_the_note_names_the_better_checkpoint():
-    for gains, best in ((STOP35_THIRD, "step-42"), (STOP35_SECOND, "step-42"), (STOP34, "step-54")):
+    for gains, best in (
+        (STOP34, "step-54"),
+        (gains_of(STOP36, 0.702), "step-36"),
+        (gains_of(STOP35_THIRD_SCAN, 0.659), "step-42"),
+        (gains_of(STOP35_SECOND_SCAN, 0.755), "step-42"),
+    ):
         note = overfit(gains)
         assert note and best in note and f"{gains[best] - gains['final']:.2f} nats" in note
 
@@ -42,3 +68,36 @@ def test_nothing_to_compare_is_no_reason_to_look_further():
     assert overfit({"final": None, "step-6": 1.0}) == ""  # no held-out correction (a ratings night)
     assert overfit({"final": 0.5}) == ""
     assert overfit({"final": 0.5, "step-6": None}) == ""
+
+
+def test_ranked_puts_the_best_reader_first_and_keeps_the_order_of_those_without_a_gain():
+    order = [Candidate(n, 0, 5e-4, 0.1, {}) for n in ("step-66", "step-60", "step-54", "final-half")]
+    gains = {"step-66": 0.5, "step-60": None, "step-54": 0.9, "final-half": 0.7}
+    assert [c.name for c in ranked(order, gains)] == ["step-54", "final-half", "step-66", "step-60"]
+    assert [c.name for c in ranked(order, {})] == [c.name for c in order]  # nothing read: newest first
+
+
+def test_judging_the_best_readers_first_keeps_each_recorded_choice_in_fewer_judgements():
+    def scan(recorded, order: str) -> tuple[str | None, int]:
+        verdicts = {name: (passed, score) for name, passed, score, _ in recorded}
+        gains = {name: gain for name, _, _, gain in recorded}
+
+        def judge(candidate: Candidate) -> Candidate:
+            candidate.passed, score = verdicts[candidate.name]
+            candidate.figures = {"choice_score": score}
+            return candidate
+
+        candidates = [Candidate(name, 0, 5e-4, 0.1, {}) for name, *_ in recorded]
+        if order == "ranked":
+            candidates = ranked(candidates, gains)
+        judged = judge_in_turn(candidates, judge, affordable=lambda: True, patience=3)
+        chosen = best_passing(judged)
+        return (chosen.name if chosen else None), len(judged)
+
+    for recorded, chosen, newest_first, by_gain in (
+        (STOP36, "step-30", 10, 5),
+        (STOP35_THIRD_SCAN, "step-24", 11, 9),
+        (STOP35_SECOND_SCAN, "step-42", 8, 4),
+    ):
+        assert scan(recorded, "newest") == (chosen, newest_first)
+        assert scan(recorded, "ranked") == (chosen, by_gain)

@@ -120,14 +120,22 @@ def trainer_effects(
     """The trainer's side of parity: per sample, the LoRA's effect (tuned - reference) on each
     completion token's log-probability. Kept as numbers, so the sequential nightly plan can free
     the trainer before the engine comes back to compare."""
-    effects = []
+    tuned, base = trainer_logprobs(backend, samples), trainer_logprobs(backend, samples, reference=True)
+    return [t - b for t, b in zip(tuned, base, strict=True)]
+
+
+def trainer_logprobs(
+    backend: TrainerBackend, samples: Sequence[tuple[Sequence[int], Sequence[int]]], reference: bool = False
+) -> list[np.ndarray]:
+    """Per sample, each completion token's log-probability in the trainer: with its LoRA, or
+    (`reference`) without it."""
+    scored = []
     for prompt, completion in samples:
         batch = make_batch([prompt], [completion])
         mask = np.asarray(batch.mask[0]) > 0
-        tuned = backend.to_numpy(backend.logprobs(batch))[0][mask]
-        base = backend.to_numpy(backend.reference_logprobs(batch))[0][mask]
-        effects.append(tuned - base)
-    return effects
+        logprobs = backend.reference_logprobs(batch) if reference else backend.logprobs(batch)
+        scored.append(backend.to_numpy(logprobs)[0][mask])
+    return scored
 
 
 def parity_from_effects(

@@ -93,10 +93,11 @@ class LearnConfig:
     # When the gate rejects, the seconds the run may spend on cheaper alternatives (learn.backoff).
     backoff_s: float = 300.0
     # Once a back-off candidate passes, the run stops after this many more in a row that do not
-    # beat the best so far (0: judge every one the budget allows). Checkpoints lie on one path,
-    # and the older ones taught less: in three nights that judged all (a ratings night's 18,
-    # tldr's 12, a second night's 14) the deployed one was found within three of the first to
-    # pass, and the scans beyond it cost up to about 175 s.
+    # beat the best so far (0: judge every one the budget allows). The scan goes best reader of
+    # tonight's held-out corrections first (learn.validation), or newest first where there is no
+    # reading: checkpoints lie on one path, and the older ones taught less. In three nights that
+    # judged all newest first (a ratings night's 18, tldr's 12, a second night's 14) the deployed
+    # one was found within three of the first to pass, and the scans beyond it cost up to 175 s.
     backoff_patience: int = 3
     # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
     # (off by default: the conversations trained on are sent there; learn/remote_run.py).

@@ -37,7 +37,14 @@ from macaron_local.learn import fluency, gate, validation
 from macaron_local.learn.anchors import answer_anchors, pick_anchors
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
-from macaron_local.learn.export import ParityReport, export_gguf, parity_check, parity_from_effects, trainer_effects
+from macaron_local.learn.export import (
+    ParityReport,
+    export_gguf,
+    parity_check,
+    parity_from_effects,
+    trainer_effects,
+    trainer_logprobs,
+)
 from macaron_local.learn.guards import RowGuard
 from macaron_local.learn.lesson_guard import LessonGuard, lesson_guard, lesson_questions
 from macaron_local.learn.loop import (
@@ -322,9 +329,12 @@ def _learn_together(
     def retrain() -> Candidate:
         return _retrain(backend, engine, night, plan, workdir, experts, result.start, guards)
 
+    reference = trainer_logprobs(backend, samples, reference=True)  # the base alone: read once
+
     def validate(candidate: Candidate) -> float | None:
         set_lora_weights(backend, candidate.served_weights())
-        return validation.heldout_gain(trainer_effects(backend, samples))
+        tuned = trainer_logprobs(backend, samples)
+        return validation.heldout_gain([t - r for t, r in zip(tuned, reference, strict=True)])
 
     trained = Trained(result, backend.lora_weights(), train_wall, start_note)
     return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, _guard_figures(guards), validate)
@@ -501,7 +511,7 @@ def _gate_and_record(
     overfit_note = validation.overfit(gains) if final.passed else ""
     if not final.passed or overfit_note:
         tried += judge_in_turn(
-            fallbacks,
+            validation.ranked(fallbacks, gains),
             judge,
             affordable=lambda: time.perf_counter() + judge_s <= budget_end,
             patience=config.backoff_patience,
