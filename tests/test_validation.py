@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from macaron_local.learn.run import Candidate, best_passing, judge_in_turn
+from macaron_local.learn.loop import LearnConfig
+from macaron_local.learn.run import Candidate, back_off, best_passing, judge_in_turn
 from macaron_local.learn.validation import OVERFIT_MARGIN, heldout_gain, overfit, ranked
 
 # The night's held-out corrections' mean gain (nats a token over the bare base) under candidates
@@ -101,3 +102,30 @@ def test_judging_the_best_readers_first_keeps_each_recorded_choice_in_fewer_judg
     ):
         assert scan(recorded, "newest") == (chosen, newest_first)
         assert scan(recorded, "ranked") == (chosen, by_gain)
+
+
+def test_a_passing_final_that_overfit_is_looked_past_and_stays_the_one_to_beat():
+    verdicts = {name: (passed, score) for name, passed, score, _ in STOP36}
+
+    def judge(candidate: Candidate) -> Candidate:
+        candidate.passed, score = verdicts[candidate.name]
+        candidate.figures = {"choice_score": score}
+        return candidate
+
+    def night(final_passed: bool, final_gain: float, config: LearnConfig) -> tuple[list[str], str, str | None]:
+        final = Candidate("final", 72, 5e-4, 0.1, {}, passed=final_passed, figures={"choice_score": 0.0})
+        fallbacks = [Candidate(name, 0, 5e-4, 0.1, {}) for name, *_ in STOP36]
+        judged, note = back_off(final, fallbacks, gains_of(STOP36, final_gain), judge, lambda: True, config)
+        chosen = best_passing([final, *judged])
+        return [c.name for c in judged], note, chosen.name if chosen else None
+
+    # Stop 36's night, had its final (read at 0.702) passed with a score of 0.0: step 30 beats it.
+    judged, note, chosen = night(True, 0.702, LearnConfig())
+    assert judged == ["step-36", "step-30", "step-24", "step-42", "step-18"] and chosen == "step-30"
+    assert "0.38 nats a token worse than step-36" in note
+    # A final that reads best, or within the margin, is deployed alone, as before.
+    assert night(True, 1.2, LearnConfig()) == ([], "", "final")
+    assert night(True, 0.702, LearnConfig(overfit_margin=0.5)) == ([], "", "final")
+    # A rejected final is backed off from whatever the readings, and is not the one to beat.
+    judged, note, chosen = night(False, 1.2, LearnConfig())
+    assert note == "" and chosen == "step-30" and judged[0] == "step-36"

@@ -99,6 +99,10 @@ class LearnConfig:
     # judged all newest first (a ratings night's 18, tldr's 12, a second night's 14) the deployed
     # one was found within three of the first to pass, and the scans beyond it cost up to 175 s.
     backoff_patience: int = 3
+    # A final that passed the gate is looked past (the back-off runs too) when another candidate
+    # reads tonight's held-out corrections this many nats a token better: it overfit them
+    # (learn.validation). A very large value never looks past a passing final.
+    overfit_margin: float = 0.1
     # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
     # (off by default: the conversations trained on are sent there; learn/remote_run.py).
     # Keep each exported adapter's PEFT folder next to its GGUF (`<name>.peft/`) and register the

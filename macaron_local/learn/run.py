@@ -442,6 +442,26 @@ def judge_in_turn(
     return judged
 
 
+def back_off(
+    final: Candidate,
+    fallbacks: Sequence[Candidate],
+    gains: dict[str, float | None],
+    judge: Callable[[Candidate], Candidate],
+    affordable: Callable[[], bool],
+    config: LearnConfig,
+) -> tuple[list[Candidate], str]:
+    """After the final is judged: the back-off candidates judged (best reader of tonight's
+    held-out corrections first, `gains`) and why a final that passed was looked past ("": it was
+    not). A rejected final is always backed off from; a passing one only when it overfit
+    (`validation.overfit`), and then it is the best so far that the others must beat."""
+    overfit_note = validation.overfit(gains, margin=config.overfit_margin) if final.passed else ""
+    if final.passed and not overfit_note:
+        return [], ""
+    passed = final if final.passed else None
+    ordered = validation.ranked(fallbacks, gains)
+    return judge_in_turn(ordered, judge, affordable, config.backoff_patience, passed), overfit_note
+
+
 def best_passing(candidates: Sequence[Candidate]) -> Candidate | None:
     """The passing candidate with the highest `gate.choice_score` (the first of equals); None
     when none passed. What the night deploys, and what the back-off's patience measures from."""
@@ -508,21 +528,16 @@ def _gate_and_record(
     validating = time.perf_counter()
     gains = {c.name: validate(c) for c in [final, *fallbacks]} if validate is not None else {}
     validate_s = time.perf_counter() - validating
-    overfit_note = validation.overfit(gains) if final.passed else ""
-    if not final.passed or overfit_note:
-        tried += judge_in_turn(
-            validation.ranked(fallbacks, gains),
-            judge,
-            affordable=lambda: time.perf_counter() + judge_s <= budget_end,
-            patience=config.backoff_patience,
-            passed=final if final.passed else None,
-        )
-        if (
-            retrain is not None
-            and not any(c.passed for c in tried)
-            and time.perf_counter() + train_wall + judge_s <= budget_end
-        ):
-            tried.append(judge(retrain()))
+    backed_off, overfit_note = back_off(
+        final, fallbacks, gains, judge, lambda: time.perf_counter() + judge_s <= budget_end, config
+    )
+    tried += backed_off
+    if (
+        retrain is not None
+        and not any(c.passed for c in tried)
+        and time.perf_counter() + train_wall + judge_s <= budget_end
+    ):
+        tried.append(judge(retrain()))
     # The best for the user is the best on everything held out: tonight's feedback and what
     # earlier nights taught (choosing on tonight's alone preferred a candidate that forgot more),
     # less what the taught tokens lost (gate.choice_score).
