@@ -17,7 +17,13 @@ from macaron_local.engine import Engine, EngineConfig  # noqa: E402
 from macaron_local.learn.backends.base import make_batch  # noqa: E402
 from macaron_local.learn.backends.torch_backend import TorchBackend  # noqa: E402
 from macaron_local.learn.episodes import Episode  # noqa: E402
-from macaron_local.learn.loop import LearnConfig, completion_tokens, train  # noqa: E402
+from macaron_local.learn.loop import (  # noqa: E402
+    LearnConfig,
+    completion_tokens,
+    sample_night,
+    train,
+    train_on_rollouts,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +68,35 @@ def test_train_moves_toward_corrections_and_cleans_up(tiny, tmp_path):
         assert sorted(p.name for p in tmp_path.glob("rollout-*.gguf")) == ["rollout-3.gguf", "rollout-6.gguf"]
     # the chat template's end-of-turn is part of what is learned
     assert pairs[0][1][-1] != pairs[0][1][0]
+
+
+def test_a_checkpoint_can_end_training_early_in_both_memory_plans(tiny, tmp_path):
+    """`at_checkpoint` is asked at each checkpoint kept; when it says stop, training ends there,
+    and that checkpoint (now the final) is not kept twice."""
+    config = LearnConfig(steps=8, episodes_per_step=2, group_size=2, max_new_tokens=4, refresh_every=3, lr=1e-2)
+    base = BaseModelInfo.from_gguf(tiny.path)
+    with Engine(EngineConfig(model_path=tiny.path, n_ctx=256, n_threads=2)) as engine:
+        asked: list[int] = []
+
+        def stop_at_six(step: int) -> bool:
+            asked.append(step)
+            return step >= 6
+
+        together = train(
+            tiny_trainer(tiny, lr=1e-2), engine, base, TWO_CORRECTIONS, config, tmp_path,
+            checkpoint_every=3, at_checkpoint=stop_at_six,
+        )  # fmt: skip
+        rollouts, _ = sample_night(engine, TWO_CORRECTIONS, config, steps=8)
+    assert asked == [3, 6] and len(together.steps) == 6 and together.stopped_early
+    assert [c.step for c in together.checkpoints] == [3]
+    asked.clear()
+    sequential = train_on_rollouts(
+        tiny_trainer(tiny, lr=1e-2), rollouts, config, checkpoint_every=3, at_checkpoint=stop_at_six
+    )
+    assert asked == [3, 6] and len(sequential.steps) == 6 and sequential.stopped_early
+    assert [c.step for c in sequential.checkpoints] == [3]
+    never = train_on_rollouts(tiny_trainer(tiny, lr=1e-2), rollouts, config, checkpoint_every=3, at_checkpoint=None)
+    assert len(never.steps) == 8 and not never.stopped_early and [c.step for c in never.checkpoints] == [3, 6]
 
 
 def test_train_refuses_episodes_without_a_verdict(tiny, tmp_path):

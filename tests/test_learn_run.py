@@ -60,6 +60,38 @@ def test_a_run_is_gated_registered_and_recorded(home, tiny_model, backend):
             assert version.status == "rejected" and deployed is None
 
 
+@pytest.mark.parametrize("patience", [1, 0])
+def test_training_stops_once_the_held_out_corrections_stop_reading_better(home, tiny_model, patience):
+    """A step size large enough that the tiny model overshoots after two steps: with patience 1
+    the night stops at the first checkpoint that reads worse, is gated like any other, and
+    consumes its feedback; with patience 0 it trains every planned step."""
+    model = tiny_model("llama", False, n_ctx_train=2048)
+    catalog = Catalog(home)
+    manifest = catalog.add_local("tiny", model.path)
+    config = LearnConfig(
+        steps=8, min_steps=8, episodes_per_step=2, group_size=2, max_new_tokens=4, refresh_every=1,
+        backend="torch", lr=5e-2, early_stop_patience=patience,
+    )  # fmt: skip
+    with open_default_store(home) as store:
+        seed(store, 8)
+        [report] = learn_once(store, catalog, manifest, config)
+        [run] = store.learning_runs()
+    metrics = report.metrics
+    assert run.status == "done" and sorted(run.feedback_ids) == list(range(1, 9))  # consumed, not interrupted
+    assert report.decision in ("deployed", "rejected") and metrics["planned_steps"] == 8
+    gains, stopped = metrics["heldout_logprob_gain"], metrics["steps"]
+    names = [c["name"] for c in metrics["candidates"]]
+    assert len(names) == len(set(names))
+    if patience == 0:
+        assert stopped == 8 and "early_stop" not in metrics and "step-7" in gains
+        return
+    assert stopped < 8 and f"step-{stopped}" not in gains  # the final is that checkpoint, read once
+    best = max((n for n in gains if n.startswith("step-")), key=gains.__getitem__)
+    assert gains["final"] < gains[best]  # it stopped past the peak
+    assert f"stopped at step {stopped} of 8" in metrics["early_stop"]
+    assert f"best at step {best[5:]} ({gains[best]:.2f}" in metrics["early_stop"]
+
+
 def test_too_little_feedback_is_skipped(home, tiny_model):
     model = tiny_model("llama", False, n_ctx_train=2048)
     catalog = Catalog(home)

@@ -103,6 +103,11 @@ class LearnConfig:
     # reads tonight's held-out corrections this many nats a token better: it overfit them
     # (learn.validation). A very large value never looks past a passing final.
     overfit_margin: float = 0.1
+    # Training stops once this many checkpoints in a row read tonight's held-out corrections no
+    # better than the best so far (learn.validation.EarlyStop; 0: always the planned steps).
+    # The steps past the peak only memorize the trained corrections. Nights with no held-out
+    # correction (ratings only) and remote trainers run their planned steps.
+    early_stop_patience: int = 3
     # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
     # (off by default: the conversations trained on are sent there; learn/remote_run.py).
     # Keep each exported adapter's PEFT folder next to its GGUF (`<name>.peft/`) and register the
@@ -143,6 +148,7 @@ class TrainResult:
     trainer_seconds: float = 0.0
     rollout_seconds: float = 0.0
     start: dict[str, np.ndarray] | None = None  # the LoRA before the first step (the warm start)
+    stopped_early: bool = False  # `at_checkpoint` ended it before its planned steps
 
     @property
     def trainer_tokens_per_s(self) -> float:
@@ -218,6 +224,7 @@ def train(
     group_of: Callable[[Episode], str] = lambda e: "",
     checkpoint_every: int = 0,
     guards: Sequence[RowGuard] = (),
+    at_checkpoint: Callable[[int], bool] | None = None,
 ) -> TrainResult:
     """Train the backend's LoRA on `episodes` for `steps` (default `config.steps`); the engine
     samples under `frozen` (the expert) plus the current rollout adapter.
@@ -225,7 +232,8 @@ def train(
     Episodes answered by different experts (`group_of`) are trained each with its own expert
     underneath: a step draws its episodes from one group, and `underneath(group)` makes the
     backend and the engine carry that group's expert (returning the engine's frozen set).
-    Every `checkpoint_every` steps the LoRA weights are kept as a fallback candidate.
+    Every `checkpoint_every` steps the LoRA weights are kept as a fallback candidate, and
+    `at_checkpoint(step)` (if given) may end training there (`_stops_early`).
     A correction or up-vote pulls toward its chosen reply; a down-vote or regenerate with no
     correction joins its group as the worst member, so the policy is pushed away from it."""
     rng = random.Random(config.seed)
@@ -253,6 +261,8 @@ def train(
         sampled = sample_step(engine, rng, groups[expert_group], expert_group, step, config, reward)
         result.rollout_seconds += time.perf_counter() - started
         _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step, reference, guards)
+        if _stops_early(result, step, at_checkpoint):
+            break
     engine.set_adapters(list(frozen))
     if rollout is not None:
         engine.unload_adapter(rollout)
@@ -384,6 +394,18 @@ def _learn_step(
         on_step(log)
 
 
+def _stops_early(result: TrainResult, step: int, at_checkpoint: Callable[[int], bool] | None) -> bool:
+    """After step index `step`: whether `at_checkpoint` asks to stop at the checkpoint just kept
+    (only asked when one was). The final candidate is then those same weights, so that
+    checkpoint is dropped from the fallbacks rather than judged twice."""
+    kept = result.checkpoints[-1].step if result.checkpoints else None
+    if at_checkpoint is None or kept != step + 1 or not at_checkpoint(kept):
+        return False
+    result.checkpoints.pop()
+    result.stopped_early = True
+    return True
+
+
 def kl_reference_weights(start: dict[str, np.ndarray] | None, config: LearnConfig) -> dict[str, np.ndarray] | None:
     """The LoRA weights the KL term is taken against: tonight's starting point when the night
     continues a deployed version and `config.kl_reference` is "deployed"; None (the base, the
@@ -456,6 +478,7 @@ def train_on_rollouts(
     underneath: Callable[[str], object] | None = None,
     checkpoint_every: int = 0,
     guards: Sequence[RowGuard] = (),
+    at_checkpoint: Callable[[int], bool] | None = None,
 ) -> TrainResult:
     """The sequential plan's second phase: the trainer steps on rollouts sampled before it was
     loaded (the engine is closed meanwhile). They grow stale as the LoRA moves; the loss
@@ -473,4 +496,6 @@ def train_on_rollouts(
         if underneath is not None:
             underneath(sampled.group)  # the group's expert stacked or folded into the trainer
         _learn_step(backend, sampled, config, result, started, len(night), checkpoint_every, on_step, reference, guards)
+        if _stops_early(result, sampled.step, at_checkpoint):
+            break
     return result

@@ -21,6 +21,7 @@ listed in the run's record with its reasons.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +44,6 @@ from macaron_local.learn.export import (
     parity_check,
     parity_from_effects,
     trainer_effects,
-    trainer_logprobs,
 )
 from macaron_local.learn.guards import RowGuard
 from macaron_local.learn.lesson_guard import LessonGuard, lesson_guard, lesson_questions
@@ -298,6 +298,8 @@ def _learn_together(
     back-off."""
     config, base = night.config, night.base
     backend, start_note = _load_trainer(night, experts)
+    samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+    reader = validation.HeldoutReader(backend, samples, lambda: experts.underneath(""), config.early_stop_patience)
     result = train(
         backend,
         engine,
@@ -312,12 +314,12 @@ def _learn_together(
         group_of=experts.group,
         checkpoint_every=config.refresh_every,
         guards=guards,
+        at_checkpoint=reader.at_checkpoint,
     )
-    if len(result.steps) < plan.steps:
+    if _cut_short(result, plan):
         return _interrupted(night.store, plan, result)
     train_wall = time.perf_counter() - night.started
     experts.underneath("")  # parity compares the adapter alone, on the bare base, both sides
-    samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
 
     def prepare(candidate: Candidate) -> tuple[Path, ParityReport]:
         set_lora_weights(backend, candidate.served_weights())
@@ -329,15 +331,31 @@ def _learn_together(
     def retrain() -> Candidate:
         return _retrain(backend, engine, night, plan, workdir, experts, result.start, guards)
 
-    reference = trainer_logprobs(backend, samples, reference=True)  # the base alone: read once
-
     def validate(candidate: Candidate) -> float | None:
+        known = reader.known(candidate.name, candidate.step, candidate.scale)
+        if known is not None:
+            return known
         set_lora_weights(backend, candidate.served_weights())
-        tuned = trainer_logprobs(backend, samples)
-        return validation.heldout_gain([t - r for t, r in zip(tuned, reference, strict=True)])
+        return reader.read()
 
     trained = Trained(result, backend.lora_weights(), train_wall, start_note)
-    return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, _guard_figures(guards), validate)
+    extra = _guard_figures(guards) | _early_stop_figures(result, reader, plan)
+    return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, extra, validate)
+
+
+def _cut_short(result: TrainResult, plan: NightPlan) -> bool:
+    """Whether training ended before its planned steps for a reason other than stopping early
+    (the user or the daemon stopped it): the night is then recorded as interrupted."""
+    return len(result.steps) < plan.steps and not result.stopped_early
+
+
+def _early_stop_figures(result: TrainResult, reader: validation.HeldoutReader, plan: NightPlan) -> dict:
+    """The run record's account of the stopping rule: the planned steps, and why training
+    stopped short of them (when it did)."""
+    figures: dict = {"planned_steps": plan.steps}
+    if result.stopped_early:
+        figures["early_stop"] = reader.stop.note(len(result.steps), plan.steps)
+    return figures
 
 
 def _night_engine(catalog: Catalog, manifest: Manifest):
@@ -655,6 +673,8 @@ def _learn_sequential(
         return _interrupted(store, plan, TrainResult())
     trainer_experts = Experts(None, catalog, manifest, base)
     backend, start_note = _load_trainer(night, trainer_experts)
+    bare = functools.partial(trainer_experts.underneath, "")
+    reader = validation.HeldoutReader(backend, samples, bare, config.early_stop_patience)
     open_while_training: list[bool] = []
 
     def stepped(log: StepLog) -> None:
@@ -671,11 +691,13 @@ def _learn_sequential(
         underneath=trainer_experts.underneath,
         checkpoint_every=config.refresh_every,
         guards=guards,
+        at_checkpoint=reader.at_checkpoint,
     )
     result.rollout_seconds = rollout_s
     phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
-    if len(result.steps) < plan.steps:
+    if _cut_short(result, plan):
         return _interrupted(store, plan, result)
+    stop_figures = _early_stop_figures(result, reader, plan)
     trained = Trained(result, backend.lora_weights(), time.perf_counter() - night.started, start_note)
     trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
     final = Candidate("final", len(result.steps), config.lr, config.kl_beta, trained.final_weights)
@@ -687,7 +709,7 @@ def _learn_sequential(
         )
         prepared[candidate.name] = (file, trainer_effects(backend, samples))
     trainer = weakref.ref(backend)
-    del backend, trainer_experts
+    del backend, trainer_experts, reader, bare
     gc.collect()
     _free_accelerator_cache()
     phases.append(f"trainer freed before the engine reopened: {trainer() is None}")
@@ -705,9 +727,8 @@ def _learn_sequential(
 
         phases.append("gate: engine reopened for parity and the gate, no trainer loaded")
         extra = {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)}
-        return _gate_and_record(
-            night, engine, experts, plan, trained, prepare, None, extra | _guard_figures(guards), validate
-        )
+        extra |= _guard_figures(guards) | stop_figures
+        return _gate_and_record(night, engine, experts, plan, trained, prepare, None, extra, validate)
 
 
 def _free_accelerator_cache() -> None:
