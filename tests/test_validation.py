@@ -144,6 +144,9 @@ STOP36_CURVES = {
     "allergy": ({6: 0.3283, 12: 0.783, 18: 1.1257, 24: 1.3634, 30: 1.4804, 36: 1.6022, 42: 1.6273,
                  48: 1.5164}, 42, 54),
 }  # fmt: skip
+# Stop 37's first mixedbrief night, stopped at step 36 by patience alone (no margin): its
+# reading had plateaued, every candidate failed the gate, and nothing was deployed.
+MIXEDBRIEF_PLATEAU = {6: 0.1758, 12: 0.2858, 18: 0.3152, 24: 0.262, 30: 0.2256, 36: 0.2692}
 
 
 def stops_at(readings: dict[int, float], patience: int) -> int | None:
@@ -162,14 +165,22 @@ def test_early_stop_ends_recorded_nights_past_their_peak_and_keeps_what_the_gate
     assert sum(72 - stops_at(r, 3) for r, _, p in STOP36_CURVES.values() if p == 72) == 18 + 12 + 24
 
 
+def test_a_noisy_plateau_does_not_stop_training():
+    assert stops_at(MIXEDBRIEF_PLATEAU, patience=3) is None  # 3 below the best, but by under 0.1
+    assert stops_at({**MIXEDBRIEF_PLATEAU, 42: 0.2}, patience=3) == 42  # then clearly fallen
+    no_margin = EarlyStop(patience=3, margin=0.0)
+    assert next(s for s, g in sorted(MIXEDBRIEF_PLATEAU.items()) if no_margin.update(s, g)) == 36
+
+
 def test_early_stop_counts_from_the_best_and_restarts_at_a_better_one():
-    rule = EarlyStop(patience=2)
-    assert [rule.update(s, g) for s, g in [(6, 0.5), (12, 0.4), (18, 0.6), (24, 0.6), (30, 0.55)]] == [
+    rule = EarlyStop(patience=2, margin=0.1)
+    assert [rule.update(s, g) for s, g in [(6, 0.5), (12, 0.4), (18, 0.6), (24, 0.6), (30, 0.45)]] == [
         False, False, False, False, True,
     ]  # fmt: skip
     assert rule.best_step == 18 and rule.readings[24] == 0.6  # a tie is no improvement
     note = rule.note(30, 72)
-    assert "stopped at step 30 of 72" in note and "best at step 18 (0.60" in note and "2 checkpoints" in note
+    assert "stopped at step 30 of 72" in note and "best at step 18 (0.60" in note
+    assert "2 checkpoints since, and 0.15 worse now" in note
 
 
 def test_no_reading_or_no_patience_never_stops_training():

@@ -104,9 +104,10 @@ class LearnConfig:
     # (learn.validation). A very large value never looks past a passing final.
     overfit_margin: float = 0.1
     # Training stops once this many checkpoints in a row read tonight's held-out corrections no
-    # better than the best so far (learn.validation.EarlyStop; 0: always the planned steps).
-    # The steps past the peak only memorize the trained corrections. Nights with no held-out
-    # correction (ratings only) and remote trainers run their planned steps.
+    # better than the best so far, the latest `overfit_margin` below it (learn.validation.
+    # EarlyStop; 0: always the planned steps). The steps past the peak only memorize the
+    # trained corrections. Nights with nothing held out to read and remote trainers run their
+    # planned steps.
     early_stop_patience: int = 3
     # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
     # (off by default: the conversations trained on are sent there; learn/remote_run.py).

@@ -299,7 +299,8 @@ def _learn_together(
     config, base = night.config, night.base
     backend, start_note = _load_trainer(night, experts)
     samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
-    reader = validation.HeldoutReader(backend, samples, lambda: experts.underneath(""), config.early_stop_patience)
+    stop = validation.EarlyStop(config.early_stop_patience, config.overfit_margin)
+    reader = validation.HeldoutReader(backend, samples, lambda: experts.underneath(""), stop)
     result = train(
         backend,
         engine,
@@ -674,7 +675,8 @@ def _learn_sequential(
     trainer_experts = Experts(None, catalog, manifest, base)
     backend, start_note = _load_trainer(night, trainer_experts)
     bare = functools.partial(trainer_experts.underneath, "")
-    reader = validation.HeldoutReader(backend, samples, bare, config.early_stop_patience)
+    stop = validation.EarlyStop(config.early_stop_patience, config.overfit_margin)
+    reader = validation.HeldoutReader(backend, samples, bare, stop)
     open_while_training: list[bool] = []
 
     def stepped(log: StepLog) -> None:
