@@ -74,9 +74,11 @@ def test_training_stops_once_the_held_out_corrections_stop_reading_better(home, 
     )  # fmt: skip
     with open_default_store(home) as store:
         seed(store, 8)
-        [report] = learn_once(store, catalog, manifest, config)
+        notices: list[str] = []
+        [report] = learn_once(store, catalog, manifest, config, on_notice=notices.append)
         [run] = store.learning_runs()
     metrics = report.metrics
+    assert notices == ([metrics["early_stop"]] if patience else [])  # the user is told why it ended early
     assert run.status == "done" and sorted(run.feedback_ids) == list(range(1, 9))  # consumed, not interrupted
     assert report.decision in ("deployed", "rejected") and metrics["planned_steps"] == 8
     gains, stopped = metrics["heldout_logprob_gain"], metrics["steps"]

@@ -147,6 +147,11 @@ STOP36_CURVES = {
 # Stop 37's first mixedbrief night, stopped at step 36 by patience alone (no margin): its
 # reading had plateaued, every candidate failed the gate, and nothing was deployed.
 MIXEDBRIEF_PLATEAU = {6: 0.1758, 12: 0.2858, 18: 0.3152, 24: 0.262, 30: 0.2256, 36: 0.2692}
+# The same night replayed from its store with every planned step (deterministic: the same
+# readings up to step 36): the final, reading -0.25, passed the gate and served 0.75; none of
+# the checkpoints up to step 36 that were judged passed.
+MIXEDBRIEF_FULL = {**MIXEDBRIEF_PLATEAU, 42: 0.1771, 48: -0.0472, 54: -0.2237, 60: -0.2941, 66: -0.2726,
+                   72: -0.2503}  # fmt: skip
 
 
 def stops_at(readings: dict[int, float], patience: int) -> int | None:
@@ -189,3 +194,10 @@ def test_no_reading_or_no_patience_never_stops_training():
     patient = EarlyStop(patience=0)
     assert not any(patient.update(step, 1.0 / step) for step in range(6, 108, 6))
     assert patient.best_step == 6 and len(patient.readings) == 17
+
+
+def test_early_stop_is_off_by_default_because_a_lesson_can_form_while_the_reading_falls():
+    """The mixedbrief night's lesson arrived at the final, long after the reading's peak: the
+    rule would have ended it at step 42 of 72, 30 steps before the only candidate judged that passed."""
+    assert stops_at(MIXEDBRIEF_FULL, patience=3) == 42
+    assert LearnConfig().early_stop_patience == 0 and stops_at(MIXEDBRIEF_FULL, patience=0) is None

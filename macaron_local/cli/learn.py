@@ -113,11 +113,13 @@ def run_learning(args: argparse.Namespace) -> int:
             bar.finish()
             print("evaluating the candidate against the deployed version...", flush=True)
 
+    def notice(line: str) -> None:
+        bar.finish()  # a notice mid-run (training stopped early) starts on its own line
+        print(f"note: {line}", flush=True)
+
     with open_default_store(settings) as store:
         try:
-            reports = learn_once(
-                store, catalog, manifest, config, slots, on_step=progress, on_notice=lambda line: print(f"note: {line}")
-            )
+            reports = learn_once(store, catalog, manifest, config, slots, on_step=progress, on_notice=notice)
         finally:
             bar.finish()
     if not reports:

@@ -105,10 +105,11 @@ class LearnConfig:
     overfit_margin: float = 0.1
     # Training stops once this many checkpoints in a row read tonight's held-out corrections no
     # better than the best so far, the latest `overfit_margin` below it (learn.validation.
-    # EarlyStop; 0: always the planned steps). The steps past the peak only memorize the
-    # trained corrections. Nights with nothing held out to read and remote trainers run their
-    # planned steps.
-    early_stop_patience: int = 3
+    # EarlyStop; 0: always the planned steps). Off by default: it saved 12 to 24 steps of 72
+    # on tldr nights, but a mixedbrief night's lesson formed while that reading fell (best at
+    # step 18, -0.25 at the final, which passed the gate and served 0.75); every candidate up
+    # to step 36 failed it. Nights with nothing held out to read never stop early.
+    early_stop_patience: int = 0
     # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
     # (off by default: the conversations trained on are sent there; learn/remote_run.py).
     # Keep each exported adapter's PEFT folder next to its GGUF (`<name>.peft/`) and register the

@@ -157,6 +157,7 @@ class Night:
     backend_factory: Callable[[float], object]  # learning rate -> a trainer backend (local nights)
     on_step: Callable[[StepLog], None] | None = None
     should_stop: Callable[[], bool] = lambda: False
+    on_notice: Callable[[str], None] | None = None  # a line for the user (training stopped early)
 
 
 @dataclass
@@ -262,7 +263,7 @@ def learn_personal(
     night = Night(
         store, catalog, manifest, config, system_prompt, serve_params(catalog),
         BaseModelInfo.from_gguf(catalog.base_path(manifest)), store.deployed_adapter(slot, manifest.name),
-        started, backend_factory, on_step, should_stop,
+        started, backend_factory, on_step, should_stop, on_notice,
     )  # fmt: skip
     if config.trainer != "local":
         from macaron_local.learn.remote_run import learn_personal_remote
@@ -340,7 +341,7 @@ def _learn_together(
         return reader.read()
 
     trained = Trained(result, backend.lora_weights(), train_wall, start_note)
-    extra = _guard_figures(guards) | _early_stop_figures(result, reader, plan)
+    extra = _guard_figures(guards) | _early_stop_figures(night, result, reader, plan)
     return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, extra, validate)
 
 
@@ -350,12 +351,15 @@ def _cut_short(result: TrainResult, plan: NightPlan) -> bool:
     return len(result.steps) < plan.steps and not result.stopped_early
 
 
-def _early_stop_figures(result: TrainResult, reader: validation.HeldoutReader, plan: NightPlan) -> dict:
+def _early_stop_figures(night: Night, result: TrainResult, reader: validation.HeldoutReader, plan: NightPlan) -> dict:
     """The run record's account of the stopping rule: the planned steps, and why training
-    stopped short of them (when it did)."""
+    stopped short of them (when it did, also told to the user: a progress bar left at 60 of
+    72 would look stuck while the gate judges)."""
     figures: dict = {"planned_steps": plan.steps}
     if result.stopped_early:
         figures["early_stop"] = reader.stop.note(len(result.steps), plan.steps)
+        if night.on_notice is not None:
+            night.on_notice(figures["early_stop"])
     return figures
 
 
@@ -699,7 +703,7 @@ def _learn_sequential(
     phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
     if _cut_short(result, plan):
         return _interrupted(store, plan, result)
-    stop_figures = _early_stop_figures(result, reader, plan)
+    stop_figures = _early_stop_figures(night, result, reader, plan)
     trained = Trained(result, backend.lora_weights(), time.perf_counter() - night.started, start_note)
     trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
     final = Candidate("final", len(result.steps), config.lr, config.kl_beta, trained.final_weights)

@@ -25,11 +25,17 @@ The gate's checks still decide: the reading is the held-out corrections' likelih
 greedy replies it serves need not follow (one checkpoint read best and began half its replies
 with the prefix).
 
-Training itself stops once the reading has clearly fallen (`EarlyStop`): the steps after the
-peak only memorize the trained corrections, and on the embedded model each costs some 7 s.
-Stopped `patience` checkpoints past the best reader and `OVERFIT_MARGIN` below it, four nights
-above would have kept every candidate the gate went on to choose (steps 30 to 42) and stopped
-12 to 24 steps sooner on the 72-step ones.
+Training can stop once the reading has clearly fallen (`EarlyStop`, `[learn]
+early_stop_patience`, off by default). Stopped `patience` (3) checkpoints past the best reader
+and `OVERFIT_MARGIN` below it, four nights above would have kept every candidate the gate went
+on to choose (steps 30 to 42) and stopped 12 to 24 steps sooner on the 72-step ones; a tldr
+night run with it stopped at step 60 of 72 and served 1.0 (457 s of learning against 547 to
+651). But the reading is no measure of the lesson itself: a mixedbrief night (short answers in
+another voice) read its held-out corrections best at step 18 (0.32) and its final at -0.25,
+and that final passed the gate and served 0.75. Stopped at step 36 (by patience alone, the
+rule first tried), none of the night's 7 candidates passed; the margin would have stopped it
+at step 42, which was never judged. So the reading orders and triggers the back-off, where the
+gate still judges every candidate, and it ends training only where the user asks.
 
 The reading is the parity samples' trainer effect (tuned minus the base alone, per completion
 token, as `export.trainer_effects`), a forward pass per sample and candidate, no export. It
