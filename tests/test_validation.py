@@ -78,6 +78,16 @@ def test_ranked_puts_the_best_reader_first_and_keeps_the_order_of_those_without_
     assert [c.name for c in ranked(order, {})] == [c.name for c in order]  # nothing read: newest first
 
 
+def test_readings_too_close_to_tell_apart_keep_the_runs_own_order():
+    # a noapology ratings night (stop 37): its held-out liked replies, read under each candidate
+    noapology = {"final": -0.0016, "step-18": -0.006, "step-12": 0.0119, "step-6": 0.0165, "final-half": 0.0208}
+    order = [Candidate(n, 0, 5e-4, 0.1, {}) for n in ("step-18", "step-12", "step-6", "final-half")]
+    assert [c.name for c in ranked(order, noapology)] == ["step-18", "step-12", "step-6", "final-half"]
+    assert overfit(noapology) == ""
+    spread = {**noapology, "step-12": 0.0119 + OVERFIT_MARGIN}  # one clearly better reader
+    assert ranked(order, spread)[0].name == "step-12"
+
+
 def test_judging_the_best_readers_first_keeps_each_recorded_choice_in_fewer_judgements():
     def scan(recorded, order: str) -> tuple[str | None, int]:
         verdicts = {name: (passed, score) for name, passed, score, _ in recorded}

@@ -481,7 +481,7 @@ def back_off(
     if final.passed and not overfit_note:
         return [], ""
     passed = final if final.passed else None
-    ordered = validation.ranked(fallbacks, gains)
+    ordered = validation.ranked(fallbacks, gains, margin=config.overfit_margin)
     return judge_in_turn(ordered, judge, affordable, config.backoff_patience, passed), overfit_note
 
 

@@ -40,7 +40,10 @@ gate still judges every candidate, and it ends training only where the user asks
 The reading is the parity samples' trainer effect (tuned minus the base alone, per completion
 token, as `export.trainer_effects`), a forward pass per sample and candidate, no export. It
 reads the personal adapter on the bare base, not stacked on each episode's expert: a proxy to
-rank tonight's candidates against each other, not a check.
+rank tonight's candidates against each other, not a check. The samples are the held-out
+episodes' chosen replies: corrections, and on a ratings night the liked replies (up-votes and
+the liked side of pairs), which the model sampled itself; a noapology ratings night read them
+0.02 nats a token above the base at best.
 """
 
 from __future__ import annotations
@@ -96,10 +99,16 @@ def overfit(gains: Mapping[str, float | None], final: str = "final", margin: flo
     )
 
 
-def ranked(candidates: Sequence[N], gains: Mapping[str, float | None]) -> list[N]:
+def ranked(candidates: Sequence[N], gains: Mapping[str, float | None], margin: float = OVERFIT_MARGIN) -> list[N]:
     """The order the back-off judges `candidates` in: the best reader of tonight's held-out
-    corrections first. Those without a gain (no held-out correction, a remote trainer) follow
-    in the order given, which is then the run's own: newest checkpoint first."""
+    corrections first. Those without a gain (nothing held out has a chosen reply, a remote
+    trainer) follow in the order given, which is then the run's own: newest checkpoint first.
+    Readings that span less than `margin` give no order at all (the run's is kept): a ratings
+    night's liked replies read 0.02 nats a token apart at most, noise that would otherwise
+    reorder a scan whose newest-first order found its choice within three."""
+    read = [g for c in candidates if (g := gains.get(c.name)) is not None]
+    if not read or max(read) - min(read) < margin:
+        return list(candidates)
 
     def key(candidate: N) -> float:
         gain = gains.get(candidate.name)
