@@ -190,3 +190,19 @@ def test_ratings_in_different_conversations_stay_one_sided(store: Store) -> None
     store.add_feedback(liked, "rating", value=1)
     store.add_feedback(disliked, "rating", value=-1)
     assert [(e.chosen, e.rejected) for e in episodes_from_store(store)] == [("Green.", None), (None, "Blue.")]
+
+
+def test_only_the_users_own_words_count_as_corrected(store: Store) -> None:
+    """`corrected` marks the held-out replies the learner's reading may use: a correction, not
+    an up-vote, an endorsement or the liked side of a pair (replies the model sampled itself)."""
+    (typed,) = chat(store, ("Capital of France?", "Paris."))
+    (liked,) = chat(store, ("Capital of Italy?", "Rome."))
+    (endorsed,) = chat(store, ("Capital of Spain?", "Madrid."))
+    store.add_feedback(typed, "correction", text="Paris, on the Seine.")
+    store.add_feedback(liked, "rating", value=1)
+    store.add_feedback(endorsed, "correction", text="Madrid.")
+    unsure, lima = answers(store, "Capital of Peru?", "I am not sure.", "Lima.")
+    store.add_feedback(unsure, "rating", value=-1)
+    store.add_feedback(lima, "rating", value=1)
+    by_chosen = {e.chosen: e.corrected for e in episodes_from_store(store)}
+    assert by_chosen == {"Paris, on the Seine.": True, "Rome.": False, "Madrid.": False, "Lima.": False}

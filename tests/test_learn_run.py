@@ -94,6 +94,25 @@ def test_training_stops_once_the_held_out_corrections_stop_reading_better(home, 
     assert f"best at step {best[5:]} ({gains[best]:.2f}" in metrics["early_stop"]
 
 
+def test_a_ratings_night_is_not_read_on_the_replies_the_model_sampled(home, tiny_model):
+    """Up-votes are replies the model gave itself: they read lower as training sharpens the
+    policy, whatever it learned, so a night of ratings alone has no held-out reading (no
+    overfit look, the back-off in its own order)."""
+    model = tiny_model("llama", False, n_ctx_train=2048)
+    catalog = Catalog(home)
+    manifest = catalog.add_local("tiny", model.path)
+    with open_default_store(home) as store:
+        for i in range(8):
+            conversation = store.new_conversation("tiny")
+            question = store.add_message(conversation, "user", f"ab {i}")
+            reply, _ = store.add_reply(conversation, question, "cd cd" if i % 2 else "ba ba", TURN)
+            store.add_feedback(reply, "rating", value=-1 if i % 2 else 1)
+        config = LearnConfig(steps=2, episodes_per_step=2, group_size=2, max_new_tokens=4, refresh_every=1)
+        [report] = learn_once(store, catalog, manifest, config)
+    assert report.decision in ("deployed", "rejected") and report.metrics["heldout_episodes"] == 2
+    assert report.metrics["heldout_logprob_gain"] == {} and "overfit" not in report.metrics
+
+
 def test_too_little_feedback_is_skipped(home, tiny_model):
     model = tiny_model("llama", False, n_ctx_train=2048)
     catalog = Catalog(home)

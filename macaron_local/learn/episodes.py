@@ -35,7 +35,10 @@ class Episode:
     both). `feedback_ids` lists every feedback row folded in, so a learning run can record them
     and `forget` can find the run later. A `content_only` episode (an anchor, learn/anchors.py)
     is judged on what its chosen reply says, not how: no sample is rewarded for imitating its
-    form, and it is never imitated token for token (no SFT row).
+    form, and it is never imitated token for token (no SFT row). `corrected`: the chosen reply
+    is the user's own text (a correction), not a reply the model sampled (an up-vote, the liked
+    side of a pair): only those measure what a candidate learned beyond its own habits
+    (learn/validation.py).
     """
 
     messages: list[dict[str, str]]
@@ -47,6 +50,7 @@ class Episode:
     conversation_id: str = ""
     message_id: str = ""
     content_only: bool = False
+    corrected: bool = False
 
 
 def episodes_from_store(store: Store, since_id: int = 0) -> list[Episode]:
@@ -98,6 +102,7 @@ def _episode(item: FeedbackItem, conversation: Conversation) -> Episode:
     reply = item.path[-1]
     rows = [f for f in conversation.feedback if f.message_id == reply.id]  # oldest first
     chosen, rejected, weight = _verdict(rows, reply.content)
+    typed = any(f.kind == "correction" and f.text for f in rows) and chosen != reply.content  # the user's words
     corrected = latest_corrections(conversation.feedback)
     messages = [{"role": m.role, "content": corrected.get(m.id, m.content)} for m in item.path[:-1]]
     if item.system_prompt:
@@ -112,6 +117,7 @@ def _episode(item: FeedbackItem, conversation: Conversation) -> Episode:
         weight=weight,
         conversation_id=conversation.id,
         message_id=reply.id,
+        corrected=typed,
     )
 
 

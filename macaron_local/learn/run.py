@@ -299,9 +299,9 @@ def _learn_together(
     back-off."""
     config, base = night.config, night.base
     backend, start_note = _load_trainer(night, experts)
-    samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+    samples, corrections = _held_out_tokens(engine, plan)
     stop = validation.EarlyStop(config.early_stop_patience, config.overfit_margin)
-    reader = validation.HeldoutReader(backend, samples, lambda: experts.underneath(""), stop)
+    reader = validation.HeldoutReader(backend, corrections, lambda: experts.underneath(""), stop)
     result = train(
         backend,
         engine,
@@ -343,6 +343,16 @@ def _learn_together(
     trained = Trained(result, backend.lora_weights(), train_wall, start_note)
     extra = _guard_figures(guards) | _early_stop_figures(night, result, reader, plan)
     return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, extra, validate)
+
+
+def _held_out_tokens(engine: Engine, plan: NightPlan) -> tuple[list, list]:
+    """Tonight's held-out episodes as (prompt, completion) tokens, at most 4 of each: those with
+    a chosen reply (parity's samples: any text will do) and the corrections among them (the
+    reading's: a liked reply the model sampled itself reads lower as training sharpens the
+    policy, by 0.8 nats a token over a 108-step ratings night that served 1.0)."""
+    samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+    corrections = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.corrected][:4]
+    return samples, corrections
 
 
 def _cut_short(result: TrainResult, plan: NightPlan) -> bool:
@@ -663,7 +673,7 @@ def _learn_sequential(
             underneath=experts.underneath,
             group_of=experts.group,
         )
-        samples = [completion_tokens(engine, e.messages, e.chosen) for e in plan.held_new if e.chosen][:4]
+        samples, corrections = _held_out_tokens(engine, plan)
         phases.append(f"rollouts: {len(rollouts)} steps through llama.cpp, no trainer loaded")
     rollout_engine = weakref.ref(engine)
     del engine, experts
@@ -680,7 +690,7 @@ def _learn_sequential(
     backend, start_note = _load_trainer(night, trainer_experts)
     bare = functools.partial(trainer_experts.underneath, "")
     stop = validation.EarlyStop(config.early_stop_patience, config.overfit_margin)
-    reader = validation.HeldoutReader(backend, samples, bare, stop)
+    reader = validation.HeldoutReader(backend, corrections, bare, stop)
     open_while_training: list[bool] = []
 
     def stepped(log: StepLog) -> None:
@@ -708,12 +718,15 @@ def _learn_sequential(
     trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
     final = Candidate("final", len(result.steps), config.lr, config.kl_beta, trained.final_weights)
     prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
+    readings: dict[str, float | None] = {}
     for candidate in [final, *_fallbacks(result, final, config)]:
         set_lora_weights(backend, candidate.served_weights())
         file = export_gguf(
             backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
         )
         prepared[candidate.name] = (file, trainer_effects(backend, samples))
+        known = reader.known(candidate.name, candidate.step, candidate.scale)
+        readings[candidate.name] = known if known is not None else reader.read()
     trainer = weakref.ref(backend)
     del backend, trainer_experts, reader, bare
     gc.collect()
@@ -729,7 +742,7 @@ def _learn_sequential(
             return file, parity_from_effects(engine, file, samples, effects, PARITY_TOLERANCE, PARITY_REL_TOLERANCE)
 
         def validate(candidate: Candidate) -> float | None:
-            return validation.heldout_gain(prepared[candidate.name][1])
+            return readings[candidate.name]
 
         phases.append("gate: engine reopened for parity and the gate, no trainer loaded")
         extra = {"memory_plan": "sequential", "phases": phases, "rollout_s": round(rollout_s, 1)}

@@ -40,10 +40,12 @@ gate still judges every candidate, and it ends training only where the user asks
 The reading is the parity samples' trainer effect (tuned minus the base alone, per completion
 token, as `export.trainer_effects`), a forward pass per sample and candidate, no export. It
 reads the personal adapter on the bare base, not stacked on each episode's expert: a proxy to
-rank tonight's candidates against each other, not a check. The samples are the held-out
-episodes' chosen replies: corrections, and on a ratings night the liked replies (up-votes and
-the liked side of pairs), which the model sampled itself; a noapology ratings night read them
-0.02 nats a token above the base at best.
+rank tonight's candidates against each other, not a check. Only corrections are read (the
+user's own words, `Episode.corrected`), not the liked replies of a ratings night (up-votes, the
+liked side of pairs): the model sampled those itself, and they read lower as training sharpens
+the policy whatever it learns. A noapology ratings night read them 0.02 nats a token above the
+base at step 6 and -0.80 at its final, which served 1.0; the overfit look judged three early
+checkpoints for nothing (all failed).
 """
 
 from __future__ import annotations
@@ -103,9 +105,8 @@ def ranked(candidates: Sequence[N], gains: Mapping[str, float | None], margin: f
     """The order the back-off judges `candidates` in: the best reader of tonight's held-out
     corrections first. Those without a gain (nothing held out has a chosen reply, a remote
     trainer) follow in the order given, which is then the run's own: newest checkpoint first.
-    Readings that span less than `margin` give no order at all (the run's is kept): a ratings
-    night's liked replies read 0.02 nats a token apart at most, noise that would otherwise
-    reorder a scan whose newest-first order found its choice within three."""
+    Readings that span less than `margin` give no order at all (the run's is kept): a reading
+    of 4 corrections cannot rank candidates that close."""
     read = [g for c in candidates if (g := gains.get(c.name)) is not None]
     if not read or max(read) - min(read) < margin:
         return list(candidates)
