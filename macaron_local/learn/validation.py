@@ -37,8 +37,9 @@ rule first tried), none of the night's 7 candidates passed; the margin would hav
 at step 42, which was never judged. So the reading orders and triggers the back-off, where the
 gate still judges every candidate, and it ends training only where the user asks.
 
-The reading is the parity samples' trainer effect (tuned minus the base alone, per completion
-token, as `export.trainer_effects`), a forward pass per sample and candidate, no export. It
+The reading is the held-out corrections' trainer effect (tuned minus the base alone, per
+completion token, as `export.trainer_effects`; at most 4 corrections), a forward pass per
+correction and candidate, no export, taken at each checkpoint while training. It
 reads the personal adapter on the bare base, not stacked on each episode's expert: a proxy to
 rank tonight's candidates against each other, not a check. Only corrections are read (the
 user's own words, `Episode.corrected`), not the liked replies of a ratings night (up-votes, the
@@ -103,8 +104,8 @@ def overfit(gains: Mapping[str, float | None], final: str = "final", margin: flo
 
 def ranked(candidates: Sequence[N], gains: Mapping[str, float | None], margin: float = OVERFIT_MARGIN) -> list[N]:
     """The order the back-off judges `candidates` in: the best reader of tonight's held-out
-    corrections first. Those without a gain (nothing held out has a chosen reply, a remote
-    trainer) follow in the order given, which is then the run's own: newest checkpoint first.
+    corrections first. Those without a gain (no held-out correction, a remote trainer) follow
+    in the order given, which is then the run's own: newest checkpoint first.
     Readings that span less than `margin` give no order at all (the run's is kept): a reading
     of 4 corrections cannot rank candidates that close."""
     read = [g for c in candidates if (g := gains.get(c.name)) is not None]
