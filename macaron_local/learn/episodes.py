@@ -101,8 +101,7 @@ def pair_siblings(episodes: list[Episode]) -> list[Episode]:
 def _episode(item: FeedbackItem, conversation: Conversation) -> Episode:
     reply = item.path[-1]
     rows = [f for f in conversation.feedback if f.message_id == reply.id]  # oldest first
-    chosen, rejected, weight = _verdict(rows, reply.content)
-    typed = any(f.kind == "correction" and f.text for f in rows) and chosen != reply.content  # the user's words
+    chosen, rejected, weight, typed = _verdict(rows, reply.content)
     corrected = latest_corrections(conversation.feedback)
     messages = [{"role": m.role, "content": corrected.get(m.id, m.content)} for m in item.path[:-1]]
     if item.system_prompt:
@@ -121,18 +120,18 @@ def _episode(item: FeedbackItem, conversation: Conversation) -> Episode:
     )
 
 
-def _verdict(rows: list[Feedback], reply: str) -> tuple[str | None, str | None, float]:
-    """(chosen, rejected, weight) from one reply's feedback: the latest correction, else the
-    latest rating, else a regenerate."""
+def _verdict(rows: list[Feedback], reply: str) -> tuple[str | None, str | None, float, bool]:
+    """(chosen, rejected, weight, corrected) from one reply's feedback: the latest correction,
+    else the latest rating, else a regenerate. `corrected`: chosen is the user's own text."""
     corrections = [f.text for f in rows if f.kind == "correction" and f.text]
     if corrections:
         if corrections[-1] == reply:  # saved unchanged: an endorsement, not a pair
-            return reply, None, 1.0
-        return corrections[-1], reply, 1.0
+            return reply, None, 1.0, False
+        return corrections[-1], reply, 1.0, True
     ratings = [f.value for f in rows if f.kind == "rating"]
     if ratings:
-        return (reply, None, 1.0) if ratings[-1] > 0 else (None, reply, 1.0)
-    return None, reply, REGENERATE_WEIGHT
+        return (reply, None, 1.0, False) if ratings[-1] > 0 else (None, reply, 1.0, False)
+    return None, reply, REGENERATE_WEIGHT, False
 
 
 def latest_corrections(feedback: Iterable[Feedback]) -> dict[str, str]:
