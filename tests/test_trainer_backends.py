@@ -18,7 +18,7 @@ from macaron_local.engine import Engine, EngineConfig
 from macaron_local.learn import losses
 from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
-from macaron_local.learn.export import export_gguf, parity_check
+from macaron_local.learn.export import export_gguf, parity_check, trainer_effects, trainer_logprobs
 from macaron_local.learn.run import PARITY_REL_TOLERANCE, PARITY_TOLERANCE
 
 PROMPT, COMPLETION = [0, 5, 17, 33, 9, 9, 41, 2], [12, 60, 7, 1, 25]
@@ -226,3 +226,17 @@ def test_a_batch_of_mixed_lengths_scores_each_row_as_it_scores_alone(backend_nam
     for name, value in grads.items():
         combined = sum(w * g[name] for w, g in zip(weights, one_by_one, strict=True))
         assert np.abs(value - combined).max() <= 1e-6 * max(1.0, np.abs(value).max())
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_effects_from_a_reference_read_once_equal_effects_read_afresh(backend_name, tiny):
+    """The sequential night reads the samples without the LoRA once and reuses that for every
+    candidate it exports: the effects must be those read afresh, for each candidate's weights."""
+    backend = trainer_for(backend_name, tiny)
+    samples = [(PROMPT, COMPLETION), ([1, 2, 3], [4, 5, 6, 7])]
+    unadapted = trainer_logprobs(backend, samples, reference=True)
+    for seed in (3, 4):
+        randomize_lora_b(backend, 0.5, seed=seed)
+        reused, fresh = trainer_effects(backend, samples, unadapted), trainer_effects(backend, samples)
+        assert max(np.abs(r - f).max() for r, f in zip(reused, fresh, strict=True)) <= 1e-6
+        assert max(np.abs(f).max() for f in fresh) > 0.05  # the LoRA moved them: not equal by being zero

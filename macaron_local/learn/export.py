@@ -115,13 +115,19 @@ def parity_check(
 
 
 def trainer_effects(
-    backend: TrainerBackend, samples: Sequence[tuple[Sequence[int], Sequence[int]]]
+    backend: TrainerBackend,
+    samples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    reference: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """The trainer's side of parity: per sample, the LoRA's effect (tuned - reference) on each
     completion token's log-probability. Kept as numbers, so the sequential nightly plan can free
-    the trainer before the engine comes back to compare."""
-    tuned, base = trainer_logprobs(backend, samples), trainer_logprobs(backend, samples, reference=True)
-    return [t - b for t, b in zip(tuned, base, strict=True)]
+    the trainer before the engine comes back to compare. `reference`: the samples already read
+    without the LoRA (`trainer_logprobs(..., reference=True)`), which a night exporting several
+    candidates reads once rather than once per candidate."""
+    if reference is None:
+        reference = trainer_logprobs(backend, samples, reference=True)
+    tuned = trainer_logprobs(backend, samples)
+    return [t - b for t, b in zip(tuned, reference, strict=True)]
 
 
 def trainer_logprobs(

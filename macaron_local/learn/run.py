@@ -44,6 +44,7 @@ from macaron_local.learn.export import (
     parity_check,
     parity_from_effects,
     trainer_effects,
+    trainer_logprobs,
 )
 from macaron_local.learn.guards import RowGuard
 from macaron_local.learn.lesson_guard import LessonGuard, lesson_guard, lesson_questions
@@ -341,7 +342,7 @@ def _learn_together(
         return reader.read()
 
     trained = Trained(result, backend.lora_weights(), train_wall, start_note)
-    extra = _guard_figures(guards) | _early_stop_figures(night, result, reader, plan)
+    extra = _guard_figures(guards) | _report_early_stop(night, result, reader, plan)
     return _gate_and_record(night, engine, experts, plan, trained, prepare, retrain, extra, validate)
 
 
@@ -361,10 +362,10 @@ def _cut_short(result: TrainResult, plan: NightPlan) -> bool:
     return len(result.steps) < plan.steps and not result.stopped_early
 
 
-def _early_stop_figures(night: Night, result: TrainResult, reader: validation.HeldoutReader, plan: NightPlan) -> dict:
-    """The run record's account of the stopping rule: the planned steps, and why training
-    stopped short of them (when it did, also told to the user: a progress bar left at 60 of
-    72 would look stuck while the gate judges)."""
+def _report_early_stop(night: Night, result: TrainResult, reader: validation.HeldoutReader, plan: NightPlan) -> dict:
+    """Tell the user when training stopped short of its planned steps (a progress bar left at
+    60 of 72 would look stuck while the gate judges), and return the run record's account of
+    it: the planned steps, and why it stopped early."""
     figures: dict = {"planned_steps": plan.steps}
     if result.stopped_early:
         figures["early_stop"] = reader.stop.note(len(result.steps), plan.steps)
@@ -713,18 +714,19 @@ def _learn_sequential(
     phases.append(f"trained {len(result.steps)} steps, engine open while training: {any(open_while_training)}")
     if _cut_short(result, plan):
         return _interrupted(store, plan, result)
-    stop_figures = _early_stop_figures(night, result, reader, plan)
+    stop_figures = _report_early_stop(night, result, reader, plan)
     trained = Trained(result, backend.lora_weights(), time.perf_counter() - night.started, start_note)
     trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
     final = Candidate("final", len(result.steps), config.lr, config.kl_beta, trained.final_weights)
     prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
     readings: dict[str, float | None] = {}
+    unadapted = trainer_logprobs(backend, samples, reference=True)  # the same for every candidate
     for candidate in [final, *_fallbacks(result, final, config)]:
         set_lora_weights(backend, candidate.served_weights())
         file = export_gguf(
             backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
         )
-        prepared[candidate.name] = (file, trainer_effects(backend, samples))
+        prepared[candidate.name] = (file, trainer_effects(backend, samples, unadapted))
         known = reader.known(candidate.name, candidate.step, candidate.scale)
         readings[candidate.name] = known if known is not None else reader.read()
     trainer = weakref.ref(backend)
