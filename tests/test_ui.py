@@ -206,7 +206,12 @@ async def test_first_run_offers_the_embedded_model(home):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, FirstRunScreen))
         assert "GB free" in str(app.screen.query_one("#tall").label)
-        assert "Tall" in str(app.screen.query_one("#tall-fit").render())  # whether it fits, with the numbers
+        fit = app.screen.query_one("#tall-fit")
+        assert "Tall" in str(fit.render())  # whether it fits, with the numbers
+        # ... all of them: the line wraps inside the dialog instead of running off its edge
+        dialog = app.screen.query_one("#first-run")
+        assert fit.region.right <= dialog.content_region.right
+        assert fit.region.height * fit.region.width >= len(str(fit.render()))
         await pilot.click("#embedded")
         await until(pilot, lambda: app.chat is not None)
         assert Settings.load().configured()["model"] == "embedded"
