@@ -8,7 +8,7 @@ import numpy as np
 
 from macaron_local.learn.gate import Scores
 from macaron_local.learn.loop import Checkpoint, LearnConfig, TrainResult
-from macaron_local.learn.run import Candidate, _fallbacks, best_passing, judge_in_turn
+from macaron_local.learn.run import Candidate, _fallbacks, best_passing, judge_in_turn, to_deploy
 
 
 def lora(a: float, b: float, seed: int = 0) -> dict[str, np.ndarray]:
@@ -152,3 +152,36 @@ def test_after_a_final_that_passed_patience_counts_from_the_start_and_only_a_bet
     done = scan_after_final(["step-66", "step-42", "step-60", "step-54", "step-48"])
     assert [c.name for c in done] == ["step-66", "step-42", "step-60", "step-54", "step-48"]
     assert best_passing([final, *done]).name == "step-42"
+
+
+def judged(name: str, step: int, rewards: list[float], passed: bool = True, scale: float = 1.0) -> Candidate:
+    """A candidate as the gate leaves it: its per-episode choice rewards and their mean."""
+    figures = {"choice_score": float(np.mean(rewards)), "choice_rewards": rewards}
+    return Candidate(name, step, 5e-4, 0.1, {}, scale, passed, figures=figures)
+
+
+def test_the_most_trained_passing_candidate_is_deployed_when_the_leader_is_not_clearly_ahead():
+    # The shape of a real allergy night: step 24 led on the held-out reward by 0.046 over 8
+    # episodes, within the noise, and served 0.375 on the check; the final served 0.75.
+    leader = judged("step-24", 24, [0.30, 0.10, 0.25, 0.05, 0.20, 0.15, 0.12, 0.18])
+    final = judged("final", 54, [0.20, 0.15, 0.10, 0.02, 0.25, 0.05, 0.10, 0.12])
+    early = judged("step-12", 12, [0.0] * 8)
+    rejected = judged("step-48", 48, [0.5] * 8, passed=False)  # never deployed, however it scored
+    chosen, note = to_deploy([final, leader, early, rejected])
+    assert best_passing([final, leader, early, rejected]) is leader
+    assert chosen is final
+    assert note.startswith("final: the most trained") and "step-24" in note and "0.169 against 0.124" in note
+
+
+def test_a_leader_clearly_ahead_is_deployed():
+    # stop 35's tldr night in shape: the final passed 0.137 behind step 30, on every episode
+    leader = judged("step-30", 30, [0.05, 0.0, 0.02, -0.05])
+    final = judged("final", 72, [-0.10, -0.15, -0.12, -0.18])
+    assert to_deploy([final, leader]) == (leader, "")
+
+
+def test_strength_counts_as_training_and_nothing_passing_deploys_nothing():
+    half = judged("final-half", 60, [0.1, 0.1, 0.1], scale=0.5)  # 30 steps' worth
+    step42 = judged("step-42", 42, [0.1, 0.1, 0.1])
+    assert to_deploy([half, step42])[0] is step42
+    assert to_deploy([judged("final", 60, [0.3], passed=False)]) == (None, "")

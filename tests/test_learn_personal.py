@@ -25,7 +25,7 @@ from macaron_local.learn.episodes import episodes_from_store  # noqa: E402
 from macaron_local.learn.loop import LearnConfig, completion_tokens  # noqa: E402
 from macaron_local.learn.personal import PERSONAL_SLOT  # noqa: E402
 from macaron_local.learn.plan import plan_night  # noqa: E402
-from macaron_local.learn.run import Experts, learn_once  # noqa: E402
+from macaron_local.learn.run import Candidate, Experts, learn_once, to_deploy  # noqa: E402
 from macaron_local.protocol.options import resolve_profile
 from macaron_local.protocol.views import system_message
 from macaron_local.session import Session  # noqa: E402
@@ -162,9 +162,13 @@ def test_every_candidate_is_recorded_and_the_best_passing_one_is_deployed(expert
         passed = [c for c in candidates if c["passed"]]
         deployed = store.deployed_adapter(PERSONAL_SLOT, "tiny")
         assert (report.decision == "deployed") == bool(passed) == (deployed is not None)
-        if passed:
-            best = max(passed, key=lambda c: c["choice_score"])
-            assert deployed.evaluations["candidate"]["name"] == best["name"] == run.metrics["chosen"]
+        if passed:  # the choice rule (run.to_deploy) over the recorded figures picks what was deployed
+            recorded = [
+                Candidate(c["name"], c["step"], c["lr"], c["kl_beta"], {}, c["scale"], c["passed"], figures=c)
+                for c in candidates
+            ]
+            best, _ = to_deploy(recorded)
+            assert deployed.evaluations["candidate"]["name"] == best.name == run.metrics["chosen"]
             assert sum(v.status == "deployed" for v in versions) == 1
 
 

@@ -133,6 +133,15 @@ def choice_score(all_mean: float, kept: Retention | None) -> float:
     return all_mean - (kept.mean_drop if kept is not None else 0.0)
 
 
+def choice_rewards(scores: Scores, kept: Retention | None) -> list[float]:
+    """Per held-out episode (tonight's, then earlier nights'), the reward less what earlier
+    lessons' taught tokens lost: the samples `choice_score` is the mean of, kept so that two
+    candidates can be compared episode by episode (`significantly_better`), as the gate
+    compares a candidate with the deployed version."""
+    drop = kept.mean_drop if kept is not None else 0.0
+    return [reward - drop for reward in (*scores.held_new, *scores.held_old)]
+
+
 def verdict(
     candidate: Scores, current: Scores, reference: RegressionScore, kept: Retention | None = None
 ) -> tuple[list[str], dict]:
@@ -161,6 +170,7 @@ def verdict(
         figures["taught_tokens"] = kept.taught_tokens
         figures["taught_drop"] = round(kept.mean_drop, 4)
     figures["choice_score"] = round(choice_score(candidate.all_mean, kept), 4)
+    figures["choice_rewards"] = [round(r, 4) for r in choice_rewards(candidate, kept)]
     reasons = []
     if not significantly_better(candidate.held_new, current.held_new):
         reasons.append(

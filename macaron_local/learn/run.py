@@ -498,8 +498,36 @@ def back_off(
 
 def best_passing(candidates: Sequence[Candidate]) -> Candidate | None:
     """The passing candidate with the highest `gate.choice_score` (the first of equals); None
-    when none passed. What the night deploys, and what the back-off's patience measures from."""
+    when none passed. What the back-off's patience measures from, and the leader `to_deploy`
+    measures the others against."""
     return max((c for c in candidates if c.passed), key=lambda c: c.figures["choice_score"], default=None)
+
+
+def to_deploy(candidates: Sequence[Candidate]) -> tuple[Candidate | None, str]:
+    """The passing candidate the night deploys, and a note when it is not the leader on
+    `gate.choice_score` (""): the most trained one (steps x strength) that the leader does not
+    beat beyond noise, by the gate's own test (`gate.significantly_better`: by at least
+    `MIN_HELDOUT_GAIN` and more than a standard error, episode by episode).
+    Every passing candidate kept the regression set; among those the held-out reward cannot tell
+    apart, its highest is noise, and a lesson can form late. An allergy night's step 24 led on
+    0.169 against the final's 0.123 over 8 episodes and served 0.375 on the scenario's check;
+    steps 36 to 54 served 0.75. A leader clearly ahead still wins: stop 35's tldr final passed
+    on -0.133 and served 0.375, and its step 30 (0.004) served 1.0."""
+    leader = best_passing(candidates)
+    if leader is None:
+        return None, ""
+    lead = leader.figures.get("choice_rewards")
+    for candidate in sorted((c for c in candidates if c.passed), key=lambda c: c.step * c.scale, reverse=True):
+        if candidate is leader:
+            return leader, ""
+        own = candidate.figures.get("choice_rewards")
+        if lead is not None and own is not None and not gate.significantly_better(lead, own):
+            return candidate, (
+                f"{candidate.name}: the most trained of the passing candidates that {leader.name} (the best held-out "
+                f"reward, {leader.figures['choice_score']:.3f} against {candidate.figures['choice_score']:.3f}) "
+                "does not beat beyond noise"
+            )
+    return leader, ""
 
 
 def _gate_and_record(
@@ -575,7 +603,7 @@ def _gate_and_record(
     # The best for the user is the best on everything held out: tonight's feedback and what
     # earlier nights taught (choosing on tonight's alone preferred a candidate that forgot more),
     # less what the taught tokens lost (gate.choice_score).
-    best = best_passing(tried)
+    best, choice_note = to_deploy(tried)
     chosen = best or final
     decision = "deployed" if best else "rejected"
     if best:
@@ -611,6 +639,7 @@ def _gate_and_record(
         "heldout_logprob_gain": {name: round(g, 4) for name, g in gains.items() if g is not None},
         **({"overfit": overfit_note} if overfit_note else {}),
         "chosen": chosen.name,
+        **({"choice": choice_note} if choice_note else {}),
         **chosen.figures,
         "candidates": [c.summary() for c in tried],
         **extra_metrics,
