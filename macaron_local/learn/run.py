@@ -510,7 +510,7 @@ def to_deploy(candidates: Sequence[Candidate]) -> tuple[Candidate | None, str]:
     `MIN_HELDOUT_GAIN` and more than a standard error, episode by episode).
     Every passing candidate kept the regression set; among those the held-out reward cannot tell
     apart, its highest is noise, and a lesson can form late. An allergy night's step 24 led on
-    0.169 against the final's 0.123 over 8 episodes and served 0.375 on the scenario's check;
+    0.169 against the final's 0.123 over 3 held-out episodes and served 0.375 on the scenario's check;
     steps 36 to 54 served 0.75. A leader clearly ahead still wins: stop 35's tldr final passed
     on -0.133 and served 0.375, and its step 30 (0.004) served 1.0."""
     leader = best_passing(candidates)
