@@ -516,12 +516,11 @@ def to_deploy(candidates: Sequence[Candidate]) -> tuple[Candidate | None, str]:
     leader = best_passing(candidates)
     if leader is None:
         return None, ""
-    lead = leader.figures.get("choice_rewards")
+    lead = leader.figures["choice_rewards"]  # every judged candidate has them (gate.verdict)
     for candidate in sorted((c for c in candidates if c.passed), key=lambda c: c.step * c.scale, reverse=True):
         if candidate is leader:
             return leader, ""
-        own = candidate.figures.get("choice_rewards")
-        if lead is not None and own is not None and not gate.significantly_better(lead, own):
+        if not gate.significantly_better(lead, candidate.figures["choice_rewards"]):
             return candidate, (
                 f"{candidate.name}: the most trained of the passing candidates that {leader.name} (the best held-out "
                 f"reward, {leader.figures['choice_score']:.3f} against {candidate.figures['choice_score']:.3f}) "
