@@ -4,10 +4,18 @@ the scan stops where older checkpoints stop winning."""
 
 from __future__ import annotations
 
-import numpy as np
+import json
+from pathlib import Path
 
+import numpy as np
+import pytest
+
+from macaron_local.learn import gate
+from macaron_local.learn.episodes import Episode
 from macaron_local.learn.gate import Scores
 from macaron_local.learn.loop import Checkpoint, LearnConfig, TrainResult
+from macaron_local.learn.regression import RegressionScore
+from macaron_local.learn.rewards import lesson_recall, lesson_words, preference_reward
 from macaron_local.learn.run import Candidate, _fallbacks, best_passing, judge_in_turn, to_deploy
 
 
@@ -185,3 +193,48 @@ def test_strength_counts_as_training_and_nothing_passing_deploys_nothing():
     step42 = judged("step-42", 42, [0.1, 0.1, 0.1])
     assert to_deploy([half, step42])[0] is step42
     assert to_deploy([judged("final", 60, [0.3], passed=False)]) == (None, "")
+
+
+REFERENCE = RegressionScore(passage_nll=2.0, qa_right=9, qa_total=12)
+NIGHTS = json.loads((Path(__file__).parent / "data" / "allergy_nights.json").read_text())["nights"]
+
+
+def choose(night: dict, lesson_weight: float) -> Candidate:
+    """The candidate a recorded night deploys when its replies are scored by today's gate."""
+    held = [Episode([{"role": "user", "content": e["prompt"]}], e["chosen"], e["rejected"]) for e in night["heldout"]]
+    lesson = lesson_words(night["corrections"], night["rejected"])
+
+    def scores(replies: list[str]) -> gate.Scores:
+        pairs = list(zip(replies, held, strict=True))
+        rewards = [preference_reward(reply, e.chosen, e.rejected) for reply, e in pairs]
+        recalls = [lesson_recall(reply, e.chosen, lesson) for reply, e in pairs]
+        return gate.Scores(rewards, [], REFERENCE, lesson=recalls)
+
+    current = scores(night["deployed_replies"])
+    candidates = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gate, "LESSON_WEIGHT", lesson_weight)
+        for c in night["candidates"]:
+            _, figures = gate.verdict(scores(c["replies"]), current, REFERENCE)
+            candidates.append(Candidate(c["name"], c["step"], 5e-4, 0.1, {}, 1.0, True, figures=figures))
+    chosen, _ = to_deploy(candidates)
+    assert chosen is not None
+    return chosen
+
+
+@pytest.mark.parametrize("night", NIGHTS, ids=lambda n: n["night"])
+def test_the_lesson_words_choose_a_candidate_that_applies_the_fact(night: dict) -> None:
+    # Every candidate passed the gate that night; the reward alone could not rank them by
+    # whether they applied the allergy. With the lesson words, the one deployed served it in at
+    # least 6 of the 8 unseen prompts.
+    served = {c["name"]: c["served_check"] for c in night["candidates"]}
+    chosen = choose(night, gate.LESSON_WEIGHT)
+    assert served[chosen.name] is not None and served[chosen.name] >= 0.75, chosen.name
+    assert chosen.figures["heldout_lesson_after"] > 0.5
+
+
+def test_without_the_lesson_words_the_fresh_allergy_night_deploys_what_forgot_the_fact() -> None:
+    night = NIGHTS[1]
+    served = {c["name"]: c["served_check"] for c in night["candidates"]}
+    assert served[choose(night, 0.0).name] == 0.375  # the final: as deployed that night
+    assert served[choose(night, gate.LESSON_WEIGHT).name] == 0.875  # step 42

@@ -72,7 +72,7 @@ def test_below_the_limit_a_candidate_is_ranked_on_reward_less_what_the_lessons_l
         ranked[name] = figures["choice_score"]
     assert ranked["quieter"] > ranked["louder"]  # ... but 0.11 more taught probability lost
     assert ranked["louder"] == pytest.approx(louder.all_mean - 0.12, abs=1e-4)
-    assert gate.choice_score(0.3, None) == 0.3  # a first night has no lessons to weigh
+    assert gate.choice_score(scores([0.3, 0.3], [0.3]), None) == pytest.approx(0.3)  # a first night: none to weigh
 
 
 GREETED = [

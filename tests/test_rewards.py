@@ -1,8 +1,10 @@
-"""Reward functions on hand-checked strings: token F1, chrF, the preference reward, regex checks."""
+"""Reward functions on hand-checked strings: token F1, chrF, the preference reward, regex checks,\nlesson words."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,8 @@ from macaron_local.learn.rewards import (
     content_kept,
     content_words,
     first_sentence,
+    lesson_recall,
+    lesson_words,
     preference_reward,
     regex_reward,
     token_f1,
@@ -136,3 +140,41 @@ def test_content_kept_counts_only_what_the_answer_adds_to_the_question() -> None
     assert content_kept("paris.", answer, question) == 1.0  # terse, lower case, still the answer
     assert content_kept("France's capital? Paris, of course.", answer, question) == 1.0
     assert content_kept("anything", "France has a capital.", "What is the capital of France?") == 1.0  # adds nothing
+
+
+# ----------------------------------------------------------------- lesson words
+SCENARIOS = Path(__file__).parent.parent / "bench" / "scenarios"
+
+
+def corrections(scenario: str) -> list[str]:
+    return [turn["correction"] for turn in json.loads((SCENARIOS / f"{scenario}.json").read_text())["train"]]
+
+
+def test_lesson_words_are_what_the_corrections_keep_adding() -> None:
+    assert lesson_words(corrections("allergy"), []) == {"peanu", "aller"}  # "allergy" and "allergic" alike
+    assert lesson_words(corrections("sistername"), []) == {"lena"}
+    assert lesson_words(corrections("inshort"), []) == {"short"}
+    # A format, a case or a length adds no words of its own: nothing to count.
+    for scenario in ("bullets", "lowercase", "onesentence", "mixedbrief"):
+        assert lesson_words(corrections(scenario), []) == frozenset(), scenario
+
+
+def test_a_word_the_model_said_anyway_or_one_correction_alone_is_no_lesson() -> None:
+    fixed = ["Soak it in water, Sam.", "Water it weekly, Sam.", "Sam, add water slowly.", "Sam: stir well."]
+    assert lesson_words(fixed, []) == {"sam", "water"}  # in 4 and in 3 of 4
+    assert lesson_words(fixed, ["Use water.", "Water helps.", "Boil it."]) == {"sam"}  # 2 of 3 rejected said it
+    assert lesson_words(fixed[:2], []) == frozenset()  # two corrections: too few to tell a lesson
+    half = ["Hi Sam, boil it.", "Hi Sam, bake it.", "Hi Sam, fry it.", "Grill it.", "Roast it.", "Steam it."]
+    assert lesson_words(half, []) == {"sam"}  # 3 of 6 is half: enough
+
+
+def test_lesson_recall_counts_the_lesson_words_of_the_correction_a_reply_says() -> None:
+    lesson = frozenset({"peanu", "aller"})
+    chosen = "Your epinephrine pen, because of your peanut allergy."
+    assert lesson_recall("Keep your pen: you are allergic to peanuts.", chosen, lesson) == 1.0
+    assert lesson_recall("Keep a small container of peanut oil in your bag.", chosen, lesson) == 0.5
+    assert lesson_recall("Your phone and wallet.", chosen, lesson) == 0.0
+    # A correction without lesson words has nothing to apply: every reply scores the same.
+    assert lesson_recall("You are allergic to peanuts.", "Butter and jam.", lesson) == 0.0
+    assert lesson_recall("anything", None, lesson) == 0.0
+    assert lesson_recall("You are allergic to peanuts.", chosen, frozenset()) == 0.0

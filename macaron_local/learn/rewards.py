@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 
 CHRF_ORDER = 6
 CHRF_BETA = 2.0
 #: The share of an anchor's content words a sample must keep to count as unchanged.
 CONTENT_ENOUGH = 0.75
+#: A lesson word is in at least this share of tonight's corrections, and in at least
+#: `LESSON_MIN_CORRECTIONS` of them: what the user keeps adding, not what one reply was about.
+LESSON_SHARE = 0.5
+LESSON_MIN_CORRECTIONS = 3
 #: Words that carry no content of their own; what is left of a sentence is what it says.
 _STOP_WORDS = (
     "the and are was were for with that this from not but you your his her its our their they them "
@@ -101,6 +106,36 @@ def content_kept(sample: str, answer: str, question: str = "", enough: float = C
         return 1.0
     kept = len(wanted & content_words(sample)) / len(wanted)
     return min(1.0, kept / enough)
+
+
+def lesson_words(corrections: Sequence[str], rejected: Sequence[str]) -> frozenset[str]:
+    """The content words (`content_words`) the user keeps adding: in at least `LESSON_SHARE` of
+    the `corrections` (and at least `LESSON_MIN_CORRECTIONS` of them), and in fewer than that
+    share of the `rejected` replies, so not what the model said anyway.
+
+    A personal fact or a named prefix shows up as such words ("peanu", "aller"; "lena";
+    "short" for "In short:"); a format, a case or a length shows up as none, and then nothing
+    here counts. Cut at five letters, "allergy" and "allergic" are one word.
+    """
+    if len(corrections) < LESSON_MIN_CORRECTIONS:
+        return frozenset()
+    added = Counter(w for text in corrections for w in content_words(text))
+    said = Counter(w for text in rejected for w in content_words(text))
+    wanted = max(LESSON_MIN_CORRECTIONS, LESSON_SHARE * len(corrections))
+    return frozenset(w for w, n in added.items() if n >= wanted and said[w] < LESSON_SHARE * max(len(rejected), 1))
+
+
+def lesson_recall(sample: str, chosen: str | None, lesson: frozenset[str]) -> float:
+    """The share of the lesson words in `chosen` (the user's correction) that `sample` says too,
+    in [0, 1]; 0 when the correction has none (nothing to apply, so nothing to tell apart).
+
+    chrF spreads its credit over every character of a correction, so a fact's two words move
+    it by a few hundredths, within the noise of three held-out replies: on an allergy night the
+    step-42 candidate named the allergy in 7 of 8 unseen prompts and the final in 3, and their
+    rewards were 0.27 and 0.19 on 3 episodes. This counts only the words that carry the lesson.
+    """
+    wanted = lesson & content_words(chosen or "")
+    return len(wanted & content_words(sample)) / len(wanted) if wanted else 0.0
 
 
 def preference_reward(sample: str, chosen: str | None, rejected: str | None) -> float:

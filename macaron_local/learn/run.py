@@ -64,6 +64,7 @@ from macaron_local.learn.passages import PassageGuard, passage_tokens
 from macaron_local.learn.personal import PERSONAL_SLOT
 from macaron_local.learn.plan import NightPlan, learned_feedback, plan_night, planned_steps
 from macaron_local.learn.retention import Lessons
+from macaron_local.learn.rewards import lesson_words
 from macaron_local.learn.stacking import expert_trainer_source, stacked_source
 from macaron_local.learn.warm import warm_start
 from macaron_local.learn.workdir import run_workdir
@@ -529,6 +530,14 @@ def to_deploy(candidates: Sequence[Candidate]) -> tuple[Candidate | None, str]:
     return leader, ""
 
 
+def tonights_lesson(plan: NightPlan) -> frozenset[str]:
+    """The words tonight's corrections keep adding (`rewards.lesson_words`), from every new one,
+    trained or held out: the user wrote them all, and the held-out ones are judged by them."""
+    tonight = [*plan.new_train, *plan.held_new]
+    corrections = [e.chosen for e in tonight if e.corrected and e.chosen]
+    return lesson_words(corrections, [e.rejected for e in tonight if e.rejected])
+
+
 def _gate_and_record(
     night: Night,
     engine: Engine,
@@ -553,9 +562,10 @@ def _gate_and_record(
     current_handle = engine.load_adapter(deployed.path) if deployed else None
     judging = started_judging = time.perf_counter()
     bare = experts.stack(None)
+    lesson = tonights_lesson(plan)
     reference = gate.score(engine, bare, [], [], system_prompt, serve).regression
     current = gate.score(
-        engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False, bare
+        engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False, bare, lesson
     )
     lessons = (
         Lessons(engine, experts.stack(None), experts.stack(current_handle), plan.held_old)
@@ -567,7 +577,7 @@ def _gate_and_record(
         candidate.file, parity = prepare(candidate)
         handle = engine.load_adapter(candidate.file)
         scores = gate.score(
-            engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve, bare=bare
+            engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve, bare=bare, lesson=lesson
         )
         kept = lessons.kept_by(experts.stack(handle)) if lessons is not None else None
         reasons, figures = gate.verdict(scores, current, reference, kept)
@@ -625,6 +635,7 @@ def _gate_and_record(
         "heldout_conversations": plan.new_heldout_conversations,
         "night": plan.night,
         "noise_corrections_left_out": plan.noisy,
+        "lesson_words": sorted(lesson),
         "start": trained.start_note,
         "steps": len(result.steps),
         "losses": [round(s.loss, 4) for s in result.steps],
