@@ -50,7 +50,7 @@ from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.torch_backend import TorchBackend
 from macaron_local.learn.episodes import episodes_from_store
 from macaron_local.learn.export import export_gguf
-from macaron_local.learn.loop import completion_tokens
+from macaron_local.learn.loop import LearnConfig, completion_tokens
 from macaron_local.learn.regression import score as regression_score
 from macaron_local.learn.run import learn_once, serve_params
 from macaron_local.session import Session
@@ -170,6 +170,19 @@ def trainer_vs_reference(backend: TorchBackend, engine: Engine, episodes, steps:
     }
 
 
+def learn_overrides(pairs: list[str]) -> dict:
+    """`KEY=VALUE` pairs as LearnConfig fields, each typed as the field's default is."""
+    defaults = LearnConfig()
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not hasattr(defaults, key):
+            raise SystemExit(f"--learn wants KEY=VALUE with a [learn] setting as KEY (got {pair!r})")
+        kind = type(getattr(defaults, key))
+        overrides[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenario", type=Path, required=True)
@@ -181,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratings-only", action="store_true", help="the user rates replies, never corrects")
     parser.add_argument("--no-baselines", action="store_true", help="skip the SFT and trainer-speed baselines")
     parser.add_argument("--model", help="'tiny-qwen35moe' (built here) or a directory bench/tiny_tall.py built")
+    parser.add_argument(
+        "--learn",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one [learn] setting for this run (repeatable), as `macaron learn` would read it",
+    )
     parser.add_argument("--threads", type=int, help="llama.cpp threads (the n_threads setting; default: its own)")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
@@ -203,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rank:
         overrides |= {"rank": args.rank, "alpha": 2.0 * args.rank}
     config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    config = dataclasses.replace(config, **learn_overrides(args.learn))
     config = dataclasses.replace(config, backend=choose_backend(config.backend))
 
     session = Session(settings, engine_config={"n_ctx": 2048})

@@ -178,3 +178,19 @@ def test_lesson_recall_counts_the_lesson_words_of_the_correction_a_reply_says() 
     assert lesson_recall("You are allergic to peanuts.", "Butter and jam.", lesson) == 0.0
     assert lesson_recall("anything", None, lesson) == 0.0
     assert lesson_recall("You are allergic to peanuts.", chosen, frozenset()) == 0.0
+
+
+def test_the_training_reward_adds_the_lesson_words_a_sample_says_but_not_on_an_anchor() -> None:
+    from macaron_local.learn.episodes import Episode
+    from macaron_local.learn.loop import default_reward, lesson_reward
+
+    lesson = frozenset({"peanu", "aller"})
+    asked = [{"role": "user", "content": "What should I keep in my bag?"}]
+    episode = Episode(asked, "Your epinephrine pen, because of your peanut allergy.", "Your phone.", corrected=True)
+    reward = lesson_reward(lesson, 0.5)
+    applied, forgot = "Your pen: you are allergic to peanuts.", "Your pen and your keys."
+    assert reward(applied, episode) == pytest.approx(default_reward(applied, episode) + 0.5)
+    assert reward(forgot, episode) == pytest.approx(default_reward(forgot, episode))
+    anchor = Episode(asked, "Keys, a phone and a wallet.", None, content_only=True)
+    assert reward(applied, anchor) == default_reward(applied, anchor)
+    assert lesson_reward(lesson, 0.0) is default_reward and lesson_reward(frozenset(), 0.5) is default_reward

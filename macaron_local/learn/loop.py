@@ -31,7 +31,7 @@ from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, 
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
 from macaron_local.learn.guards import RowGuard, guarded_rows, with_guards
-from macaron_local.learn.rewards import content_kept, preference_reward
+from macaron_local.learn.rewards import content_kept, lesson_recall, preference_reward
 
 RewardFn = Callable[[str, Episode], float]
 KL_REFERENCES = ("deployed", "base")  # what LearnConfig.kl_reference may name
@@ -80,6 +80,10 @@ class LearnConfig:
     # the gate's passage NLL limit is against the base, and chat replies alone never see plain text.
     passage_weight: float = 1.0
     passages_per_step: int = 2
+    # A sample's reward also counts the share of the night's lesson words (rewards.lesson_words:
+    # what the night's corrections keep adding, such as a fact) its episode's correction holds
+    # that it says, times this. 0: the reward is chrF alone.
+    lesson_reward: float = 0.0
     # What earlier nights taught, held on `lesson_questions` everyday requests a night
     # (learn/lesson_guard.py): the deployed version's taught tokens in its answers, held to it
     # one-sided, `lessons_per_step` rows a step. Off by default (0): on three second nights it
@@ -162,6 +166,23 @@ def default_reward(text: str, episode: Episode) -> float:
     if episode.content_only and episode.chosen:
         return content_kept(text, episode.chosen, episode.messages[-1]["content"])
     return preference_reward(text, episode.chosen, episode.rejected)
+
+
+def lesson_reward(lesson: frozenset[str], weight: float) -> RewardFn:
+    """`default_reward` plus `weight` x the share of `lesson` words a sample says of those its
+    correction holds (`rewards.lesson_recall`); an anchor is judged on its content alone, as
+    before. chrF spreads its credit over every character of a correction, so whether a sample
+    applies a fact moves it by a few hundredths; this rewards the words that carry it."""
+    if not lesson or weight == 0:
+        return default_reward
+
+    def reward(text: str, episode: Episode) -> float:
+        base = default_reward(text, episode)
+        if episode.content_only:
+            return base
+        return base + weight * lesson_recall(text, episode.chosen, lesson)
+
+    return reward
 
 
 def completion_tokens(engine: Engine, messages: Sequence[dict[str, str]], reply: str) -> tuple[list[int], list[int]]:

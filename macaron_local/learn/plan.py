@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from macaron_local.learn.episodes import Episode
+from macaron_local.learn.rewards import lesson_words
 from macaron_local.store import LearningRun
 
 HELDOUT_SHARE = 0.25
@@ -43,6 +44,7 @@ class NightPlan:
     night: int = 0
     skipped: str | None = None
     noisy: int = 0  # corrections left out as noise, not language (learn/fluency.py)
+    lesson: frozenset[str] = frozenset()  # what tonight's corrections keep adding (`tonights_lesson`)
 
     @property
     def train(self) -> list[Episode]:
@@ -52,6 +54,14 @@ class NightPlan:
     def feedback_ids(self) -> list[int]:
         episodes = [*self.train, *self.held_new, *self.held_old]
         return sorted({i for e in episodes for i in e.feedback_ids})
+
+
+def tonights_lesson(plan: NightPlan) -> frozenset[str]:
+    """The words tonight's corrections keep adding (`rewards.lesson_words`), from every new one,
+    trained or held out: the user wrote them all, and the held-out ones are judged by them."""
+    tonight = [*plan.new_train, *plan.held_new]
+    corrections = [e.chosen for e in tonight if e.corrected and e.chosen]
+    return lesson_words(corrections, [e.rejected for e in tonight if e.rejected])
 
 
 def _counted(run: LearningRun) -> bool:

@@ -31,7 +31,7 @@ from macaron_local.learn.backends.tinker_backend import (
     peft_to_candidate,
 )
 from macaron_local.learn.export import ParityReport, parity_from_effects
-from macaron_local.learn.loop import LearnConfig, StepLog, TrainResult, completion_tokens, sample_night
+from macaron_local.learn.loop import LearnConfig, StepLog, TrainResult, completion_tokens, lesson_reward, sample_night
 from macaron_local.learn.losses import group_advantages
 from macaron_local.learn.plan import NightPlan
 from macaron_local.learn.workdir import run_workdir
@@ -102,6 +102,7 @@ def learn_personal_remote(night: Night, plan: NightPlan, on_notice: Callable[[st
         rollouts_by_step, rollout_s = sample_night(
             engine, plan.train, config, steps=plan.steps, should_stop=should_stop,
             underneath=experts.underneath, group_of=experts.group,
+            reward=lesson_reward(plan.lesson, config.lesson_reward),
         )  # fmt: skip
         if len(rollouts_by_step) < plan.steps:
             return _interrupted(store, plan, TrainResult())

@@ -54,6 +54,7 @@ from macaron_local.learn.loop import (
     TrainResult,
     adapts,
     completion_tokens,
+    lesson_reward,
     sample_night,
     set_lora_weights,
     train,
@@ -62,9 +63,8 @@ from macaron_local.learn.loop import (
 from macaron_local.learn.memory_plan import nightly_mode
 from macaron_local.learn.passages import PassageGuard, passage_tokens
 from macaron_local.learn.personal import PERSONAL_SLOT
-from macaron_local.learn.plan import NightPlan, learned_feedback, plan_night, planned_steps
+from macaron_local.learn.plan import NightPlan, learned_feedback, plan_night, planned_steps, tonights_lesson
 from macaron_local.learn.retention import Lessons
-from macaron_local.learn.rewards import lesson_words
 from macaron_local.learn.stacking import expert_trainer_source, stacked_source
 from macaron_local.learn.warm import warm_start
 from macaron_local.learn.workdir import run_workdir
@@ -311,6 +311,7 @@ def _learn_together(
         plan.train,
         config,
         workdir,
+        reward=lesson_reward(plan.lesson, config.lesson_reward),
         on_step=night.on_step,
         should_stop=night.should_stop,
         steps=plan.steps,
@@ -395,6 +396,7 @@ def _plan(
     if plan.skipped:
         return SlotReport(PERSONAL_SLOT, "skipped", plan.skipped)
     plan.noisy = noisy
+    plan.lesson = tonights_lesson(plan)
     plan.anchors = pick_anchors(len(plan.new_train), config.anchor_ratio, plan.night, system_prompt)
     plan.steps = planned_steps(plan, config)
     return plan
@@ -530,14 +532,6 @@ def to_deploy(candidates: Sequence[Candidate]) -> tuple[Candidate | None, str]:
     return leader, ""
 
 
-def tonights_lesson(plan: NightPlan) -> frozenset[str]:
-    """The words tonight's corrections keep adding (`rewards.lesson_words`), from every new one,
-    trained or held out: the user wrote them all, and the held-out ones are judged by them."""
-    tonight = [*plan.new_train, *plan.held_new]
-    corrections = [e.chosen for e in tonight if e.corrected and e.chosen]
-    return lesson_words(corrections, [e.rejected for e in tonight if e.rejected])
-
-
 def _gate_and_record(
     night: Night,
     engine: Engine,
@@ -562,7 +556,7 @@ def _gate_and_record(
     current_handle = engine.load_adapter(deployed.path) if deployed else None
     judging = started_judging = time.perf_counter()
     bare = experts.stack(None)
-    lesson = tonights_lesson(plan)
+    lesson = plan.lesson
     reference = gate.score(engine, bare, [], [], system_prompt, serve).regression
     current = gate.score(
         engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False, bare, lesson
@@ -709,6 +703,7 @@ def _learn_sequential(
             plan.train,
             config,
             steps=plan.steps,
+            reward=lesson_reward(plan.lesson, config.lesson_reward),
             should_stop=night.should_stop,
             underneath=experts.underneath,
             group_of=experts.group,
@@ -844,6 +839,7 @@ def _retrain(
         plan.train,
         gentler,
         workdir,
+        reward=lesson_reward(plan.lesson, gentler.lesson_reward),
         steps=plan.steps,
         underneath=experts.underneath,
         group_of=experts.group,
