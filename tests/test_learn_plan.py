@@ -9,7 +9,7 @@ import math
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.gate import significantly_better, significantly_worse
 from macaron_local.learn.loop import LearnConfig
-from macaron_local.learn.plan import night_steps, plan_night, rotating_sample
+from macaron_local.learn.plan import night_steps, plan_night, rotating_sample, tonights_lesson
 from macaron_local.store import LearningRun
 
 
@@ -87,3 +87,21 @@ def test_a_gain_must_clear_a_margin_and_the_noise():
     assert significantly_better([0.1, 0.0, 0.2, -0.1], before)  # a consistent gain of 0.35
     assert not significantly_better([0.9, -0.35, -0.3, -0.3], before)  # one lucky reply: within one SE
     assert significantly_better([0.0], [-0.3]) and not significantly_better([], [])
+
+
+def test_tonights_lesson_comes_from_the_users_own_words_trained_or_held_out():
+    def told(i: int, text: str, corrected: bool = True) -> Episode:
+        return Episode([], text, f"reply {i}", "L0", [i], conversation_id=f"c{i}", corrected=corrected)
+
+    night = [told(i, f"Lena says hello, answer {i}.") for i in range(1, 7)]
+    night += [told(i, f"Liked reply {i} about Biscuit.", corrected=False) for i in range(7, 15)]  # sampled, not written
+    plan = plan_night(night, [], LearnConfig())
+    assert plan.held_new and plan.new_train
+    assert tonights_lesson(plan) == {"lena", "says", "hello", "answe"}  # every correction has them; no "biscu"
+    learned = run(plan)
+    tomorrow = plan_night(
+        [*night, told(20, "Sam, boil it."), told(21, "Sam, bake it."), told(22, "Sam, fry it.")],
+        [learned],
+        LearnConfig(),
+    )
+    assert tonights_lesson(tomorrow) == {"sam"}  # only what is new tonight

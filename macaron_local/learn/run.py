@@ -525,8 +525,8 @@ def to_deploy(candidates: Sequence[Candidate]) -> tuple[Candidate | None, str]:
             return leader, ""
         if not gate.significantly_better(lead, candidate.figures["choice_rewards"]):
             return candidate, (
-                f"{candidate.name}: the most trained of the passing candidates that {leader.name} (the best held-out "
-                f"reward, {leader.figures['choice_score']:.3f} against {candidate.figures['choice_score']:.3f}) "
+                f"{candidate.name}: the most trained of the passing candidates that {leader.name} (the best choice "
+                f"score, {leader.figures['choice_score']:.3f} against {candidate.figures['choice_score']:.3f}) "
                 "does not beat beyond noise"
             )
     return leader, ""
