@@ -82,7 +82,8 @@ class LearnConfig:
     passages_per_step: int = 2
     # A sample's reward also counts the share of the night's lesson words (rewards.lesson_words:
     # what the night's corrections keep adding, such as a fact) its episode's correction holds
-    # that it says, times this. 0: the reward is chrF alone.
+    # that it says, times this. Off by default (0: chrF alone): at 0.5 (stop 39) allergy went
+    # 0.75 then 0.375 and six other scenarios stayed within one prompt of 8 of runs without it.
     lesson_reward: float = 0.0
     # What earlier nights taught, held on `lesson_questions` everyday requests a night
     # (learn/lesson_guard.py): the deployed version's taught tokens in its answers, held to it
