@@ -44,13 +44,14 @@ from common import emit
 from macaron_local.adapters import BaseModelInfo
 from macaron_local.daemon.config import learn_config
 from macaron_local.engine import Engine, GenerationParams
+from macaron_local.errors import MacaronError
 from macaron_local.learn import losses
 from macaron_local.learn.backends import choose_backend
 from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.torch_backend import TorchBackend
 from macaron_local.learn.episodes import episodes_from_store
 from macaron_local.learn.export import export_gguf
-from macaron_local.learn.loop import LearnConfig, completion_tokens
+from macaron_local.learn.loop import completion_tokens
 from macaron_local.learn.regression import score as regression_score
 from macaron_local.learn.run import learn_once, serve_params
 from macaron_local.session import Session
@@ -170,17 +171,16 @@ def trainer_vs_reference(backend: TorchBackend, engine: Engine, episodes, steps:
     }
 
 
-def learn_overrides(pairs: list[str]) -> dict:
-    """`KEY=VALUE` pairs as LearnConfig fields, each typed as the field's default is."""
-    defaults = LearnConfig()
-    overrides = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not hasattr(defaults, key):
-            raise SystemExit(f"--learn wants KEY=VALUE with a [learn] setting as KEY (got {pair!r})")
-        kind = type(getattr(defaults, key))
-        overrides[key] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
-    return overrides
+def learn_setting(item: str) -> tuple[str, object]:
+    """KEY=VALUE with VALUE read as TOML (72, 0.2, true, "text"): a [learn] setting as a user
+    would write it, so `learn_config` types and checks it as it does for `macaron learn`."""
+    import tomllib
+
+    key, _, value = item.partition("=")
+    try:
+        return key.strip(), tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        raise SystemExit(f"error: --learn {item!r} is not KEY=VALUE with a TOML value") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,12 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.load(home)
     if args.threads:
         settings.save(n_threads=args.threads)
-    config = learn_config(settings)  # what `macaron learn` and the daemon use
+    if args.learn:
+        settings.save(learn=dict(learn_setting(item) for item in args.learn))
+    try:
+        config = learn_config(settings)
+    except MacaronError as exc:  # an unknown or mistyped --learn setting: one line, no traceback
+        raise SystemExit(f"error: {exc}") from None  # what `macaron learn` and the daemon use
     overrides = {"steps": args.steps, "lr": args.lr, "backend": args.backend}
     if args.rank:
         overrides |= {"rank": args.rank, "alpha": 2.0 * args.rank}
     config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
-    config = dataclasses.replace(config, **learn_overrides(args.learn))
     config = dataclasses.replace(config, backend=choose_backend(config.backend))
 
     session = Session(settings, engine_config={"n_ctx": 2048})

@@ -26,23 +26,13 @@ import time
 from pathlib import Path
 
 from common import emit
-from learning import checker, heldout_share, load_scenario, seed_feedback, served_stack
+from learning import checker, heldout_share, learn_setting, load_scenario, seed_feedback, served_stack
 
 from macaron_local.daemon.config import learn_config
+from macaron_local.errors import MacaronError
 from macaron_local.learn.run import learn_once
 from macaron_local.session import Session
 from macaron_local.settings import Settings
-
-
-def _setting(item: str) -> tuple[str, object]:
-    """KEY=VALUE with VALUE read as TOML (72, 0.2, true, "text")."""
-    import tomllib
-
-    key, _, value = item.partition("=")
-    try:
-        return key.strip(), tomllib.loads(f"v = {value.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        raise SystemExit(f"error: --learn {item!r} is not KEY=VALUE with a TOML value") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,10 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(tempfile.mkdtemp(prefix="macaron-nights-bench-"))
     settings = Settings.load(home)
     settings.ensure_dirs()
-    overrides = dict(_setting(item) for item in args.learn)
+    overrides = dict(learn_setting(item) for item in args.learn)
     if overrides:
         settings.save(learn=overrides)
-    config = learn_config(settings)
+    try:
+        config = learn_config(settings)
+    except MacaronError as exc:  # an unknown or mistyped --learn setting: one line, no traceback
+        raise SystemExit(f"error: {exc}") from None
 
     def share(session: Session, scenario: dict) -> float:
         value, _ = heldout_share(
