@@ -57,15 +57,15 @@ def heldout_rewards(
     lesson: frozenset[str] = frozenset(),
 ) -> tuple[list[float], list[float | None], list[float]]:
     """Greedy reply to each episode under its expert's stack, scored against the user's verdict;
-    (given the `bare` stack) the bare experts' surprise at it (`fluency.surprise`); and the share
-    of its correction's `lesson` words it says (`rewards.lesson_recall`)."""
+    (given the `bare` stack) the bare experts' surprise at it (`fluency.surprise`); and, given
+    `lesson` words, the share of its correction's it says (`rewards.lesson_recall`; else empty)."""
     replies = []
     for episode in episodes:
         engine.set_adapters(stack(episode.slot))
         prompt = engine.render_tokens(episode.messages)
         replies.append((episode, prompt, engine.generate(prompt, GATE_REPLY)))
     rewards = [preference_reward(reply.text, episode.chosen, episode.rejected) for episode, _, reply in replies]
-    recalls = [lesson_recall(reply.text, episode.chosen, lesson) for episode, _, reply in replies]
+    recalls = [lesson_recall(reply.text, episode.chosen, lesson) for episode, _, reply in replies] if lesson else []
     surprises: list[float | None] = []
     if bare is not None:
         for episode, prompt, reply in replies:
@@ -138,7 +138,7 @@ def score(
     new, surprise, recalls = heldout_rewards(engine, stack, held_new, bare, lesson)
     old, _, _ = heldout_rewards(engine, stack, held_old)
     regression_result = regression_score(engine, stack, system_prompt, serve) if regression else None
-    return Scores(new, old, regression_result, surprise, recalls if lesson else [])
+    return Scores(new, old, regression_result, surprise, recalls)
 
 
 def choice_rewards(scores: Scores, kept: Retention | None) -> list[float]:
@@ -197,8 +197,9 @@ def verdict(
     if candidate.lesson:
         figures["heldout_lesson_before"] = round(current.lesson_mean, 4)
         figures["heldout_lesson_after"] = round(candidate.lesson_mean, 4)
-    figures["choice_score"] = round(choice_score(candidate, kept), 4)
-    figures["choice_rewards"] = [round(r, 4) for r in choice_rewards(candidate, kept)]
+    ranked = choice_rewards(candidate, kept)
+    figures["choice_score"] = round(statistics.fmean(ranked), 4) if ranked else 0.0
+    figures["choice_rewards"] = [round(r, 4) for r in ranked]
     reasons = []
     if not significantly_better(candidate.held_new, current.held_new):
         reasons.append(

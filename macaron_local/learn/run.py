@@ -337,11 +337,10 @@ def _learn_together(
         return _retrain(backend, engine, night, plan, workdir, experts, result.start, guards)
 
     def validate(candidate: Candidate) -> float | None:
-        known = reader.known(candidate.name, candidate.step, candidate.scale)
-        if known is not None:
-            return known
-        set_lora_weights(backend, candidate.served_weights())
-        return reader.read()
+        def load() -> None:
+            set_lora_weights(backend, candidate.served_weights())
+
+        return reader.reading(candidate.name, candidate.step, candidate.scale, load)
 
     trained = Trained(result, backend.lora_weights(), train_wall, start_note)
     extra = _guard_figures(guards) | _report_early_stop(night, result, reader, plan)
@@ -761,8 +760,7 @@ def _learn_sequential(
             backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft
         )
         prepared[candidate.name] = (file, trainer_effects(backend, samples, unadapted))
-        known = reader.known(candidate.name, candidate.step, candidate.scale)
-        readings[candidate.name] = known if known is not None else reader.read()
+        readings[candidate.name] = reader.reading(candidate.name, candidate.step, candidate.scale, lambda: None)
     trainer = weakref.ref(backend)
     del backend, trainer_experts, reader, bare
     gc.collect()

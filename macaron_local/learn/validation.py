@@ -187,3 +187,12 @@ class HeldoutReader:
         if scale != 1.0 or name not in (f"step-{step}", "final"):
             return None
         return self.stop.readings.get(step)
+
+    def reading(self, name: str, step: int, scale: float, load: Callable[[], object]) -> float | None:
+        """A candidate's reading: the one taken while training where there is one (`known`),
+        else `load()` (which puts its weights on the trainer) and read it now."""
+        known = self.known(name, step, scale)
+        if known is not None:
+            return known
+        load()
+        return self.read()
