@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from macaron_local.adapter_names import shown_adapters
 from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.daemon.locks import AppOpenMarker, GeneratingMarker
 from macaron_local.daemon.watch import StoreWatcher
@@ -522,6 +523,11 @@ class Session:
         used = {i for run in runs for i in run.feedback_ids}
         pending = sum(1 for item in self.store.feedback_rows() if item.feedback.id not in used)
         return LearningStatus(bool(self.settings.get("learning_paused")), pending, runs[::-1][:20])
+
+    def adapter_names(self, recorded: Sequence[str]) -> list[str]:
+        """A reply's adapters (`Reply.adapters`, as turns record them) as a reader sees them:
+        a learned version by when it was learned, not by its id (`adapter_names`)."""
+        return shown_adapters(self.store, recorded)
 
     def deployed_versions(self) -> dict[str, AdapterVersion]:
         """Each slot's deployed personal adapter version for this model."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from macaron_local.adapter_names import shown_adapters
 from macaron_local.catalog import SLOTS
 from macaron_local.learn.episodes import latest_corrections
 from macaron_local.store import Store
@@ -52,7 +53,7 @@ def build_transcript(store: Store, conversation_id: str, leaf_id: str) -> list[T
             expert = turn.expert or "L0"
             tag = f"{expert} {SLOTS.get(expert, '')}".strip()
             if turn.adapters:
-                tag += " · " + ", ".join(turn.adapters)
+                tag += " · " + ", ".join(shown_adapters(store, turn.adapters))
         content = corrected.get(message.id, message.content)
         thinking = (turn.thinking or "") if turn is not None else ""
         items.append(TranscriptItem(message.id, message.role, content, tag, marks, position, thinking))

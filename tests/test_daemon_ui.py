@@ -11,6 +11,7 @@ from datetime import datetime
 from conftest import write_random_adapter
 from textual.widgets import Markdown
 
+from macaron_local.adapter_names import learned_when
 from macaron_local.catalog import Catalog
 from macaron_local.daemon.conditions import Probes
 from macaron_local.daemon.runner import run_once
@@ -63,7 +64,9 @@ async def test_a_deployment_elsewhere_is_announced_served_and_shown_in_the_panel
         await pilot.press("enter")
         await until(pilot, lambda: chat.turns_shown > before and not chat.generating)
         [reply_view] = [v for v in chat.query(MessageView) if v.role == "assistant"][-1:]
-        assert f"personal {version.id}" in reply_view.tag
+        # The tag names the learned version by when it was learned, not by its id.
+        assert f"personal, learned {learned_when(version.created_at)}" in reply_view.tag
+        assert version.id not in reply_view.tag
         assert chat.updates_told == ["L0 Chat updated: learned from 2 corrections"]  # told once
 
         await pilot.press("ctrl+l")

@@ -272,7 +272,7 @@ class ChatScreen(Screen):
         if user_text is not None:
             await self.transcript.mount(MessageView("user", user_text, reply.user_message_id))
         tag = f"{reply.route.slot} {reply.route.expert_name}" + (
-            f" · {', '.join(reply.adapters)}" if reply.adapters else ""
+            f" · {', '.join(self.session.adapter_names(reply.adapters))}" if reply.adapters else ""
         )
         view = MessageView("assistant", "", None, tag)
         await self.transcript.mount(view)
