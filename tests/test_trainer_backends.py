@@ -240,3 +240,26 @@ def test_effects_from_a_reference_read_once_equal_effects_read_afresh(backend_na
         reused, fresh = trainer_effects(backend, samples, unadapted), trainer_effects(backend, samples)
         assert max(np.abs(r - f).max() for r, f in zip(reused, fresh, strict=True)) <= 1e-6
         assert max(np.abs(f).max() for f in fresh) > 0.05  # the LoRA moved them: not equal by being zero
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_a_step_whose_loss_is_not_finite_is_skipped_and_the_lora_stays_finite(backend_name, tiny):
+    """A NaN step (a ratings night at stop 40 wrote one into the LoRA, and its export was
+    refused) is not applied: the weights stay as they were, and the next finite step trains."""
+    backend = trainer_for(backend_name, tiny)
+    randomize_lora_b(backend)
+    batch = make_batch([PROMPT, [3, 4]], [COMPLETION, [8, 9, 10]])
+    before = backend.lora_weights()
+
+    def poisoned(logp, reference, mask):
+        loss, parts = sft_objective(logp, reference, mask)
+        return loss * float("nan"), parts
+
+    outcome = backend.train_step(batch, poisoned, with_reference=False)
+    assert not np.isfinite(outcome.loss)
+    after = backend.lora_weights()
+    assert all(np.array_equal(before[name], after[name]) for name in before)
+    good = backend.train_step(batch, sft_objective, with_reference=False)
+    assert np.isfinite(good.loss) and np.isfinite(good.grad_norm)
+    assert all(np.isfinite(values).all() for values in backend.lora_weights().values())
+    assert any(not np.array_equal(before[name], values) for name, values in backend.lora_weights().items())

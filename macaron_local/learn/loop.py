@@ -15,6 +15,7 @@ Each step, for a few episodes:
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -156,6 +157,7 @@ class TrainResult:
     rollout_seconds: float = 0.0
     start: dict[str, np.ndarray] | None = None  # the LoRA before the first step (the warm start)
     stopped_early: bool = False  # `at_checkpoint` ended it before its planned steps
+    skipped_steps: int = 0  # steps whose loss or gradient was not finite: not applied (the backend's `step`)
 
     @property
     def trainer_tokens_per_s(self) -> float:
@@ -395,6 +397,8 @@ def _learn_step(
         return objective(logp, held_to, mask)
 
     outcome = backend.train_step(batch, against_reference, with_reference=False)
+    if not (math.isfinite(outcome.loss) and math.isfinite(outcome.grad_norm)):
+        result.skipped_steps += 1
     tokens = batch.n_tokens
     result.trainer_seconds += time.perf_counter() - trained
     result.trainer_tokens += tokens

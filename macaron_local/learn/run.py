@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -631,8 +632,10 @@ def _gate_and_record(
         "lesson_words": sorted(lesson),
         "start": trained.start_note,
         "steps": len(result.steps),
-        "losses": [round(s.loss, 4) for s in result.steps],
-        "final_kl": round(result.steps[-1].kl, 4) if result.steps else None,
+        # a skipped step's loss was not finite: null, not the NaN strict JSON has no word for
+        "losses": [round(s.loss, 4) if math.isfinite(s.loss) else None for s in result.steps],
+        "skipped_steps": result.skipped_steps,
+        "final_kl": round(result.steps[-1].kl, 4) if result.steps and math.isfinite(result.steps[-1].kl) else None,
         "trainer_tokens_per_s": round(result.trainer_tokens_per_s, 1),
         "train_s": round(train_wall, 1),
         "rollout_s": round(result.rollout_seconds, 1),  # the engine's sampling, within train_s

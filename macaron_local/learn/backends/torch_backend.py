@@ -13,6 +13,7 @@ path Macaron's published experts take, tested end to end against a numpy referen
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -278,10 +279,14 @@ class TorchBackend:
             param.copy_(self.torch.as_tensor(np.asarray(values), dtype=param.dtype))
 
     def step(self, loss) -> float:
-        """Backpropagate an already computed loss and step (a plain training loop's step)."""
+        """Backpropagate an already computed loss and step (a plain training loop's step). A step
+        whose loss or gradient is not finite is skipped, as mixed-precision loops skip an
+        overflowed one: clipping scales a NaN gradient to NaN, one NaN step spoils the LoRA for
+        good, and its export is refused (a ratings night at stop 40 ended so)."""
         loss.backward()
         norm = float(self.torch.nn.utils.clip_grad_norm_(self._trainable(), 1.0))
-        self.optimizer.step()
+        if math.isfinite(norm) and math.isfinite(float(loss.detach())):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
