@@ -206,6 +206,23 @@ def test_kl_caps_each_token_so_one_far_token_cannot_explode_the_step() -> None:
     assert logp.grad[0, 0].item() == 0.0 and logp.grad[0, 1].item() != 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_token_pushed_past_exps_range_keeps_the_kl_and_its_gradient_finite(dtype) -> None:
+    """A disliked reply's token the policy pushed 100 nats below the reference (float32's exp
+    overflows past 88, float64's past 709: 800 nats): e^d is inf, the cap's zero gradient times
+    inf is NaN, and one NaN step spoiled a ratings night's LoRA (stop 40). Capped before the exp,
+    the token weighs the cap and stops pulling, as at 8 nats; the other token still pulls."""
+    for far in (100.0, 800.0):
+        logp = t([[-1.0 - far, -1.0]], dtype=dtype, grad=True)
+        ref = t([[-1.0, -1.5]], dtype=dtype)
+        loss = kl_to_reference(logp, ref, t([[1, 1]], dtype=dtype))
+        small = math.exp(-0.5) + 0.5 - 1
+        assert loss.item() == pytest.approx((10 + small) / 2, rel=1e-6)
+        loss.backward()
+        assert torch.isfinite(logp.grad).all()
+        assert logp.grad[0, 0].item() == 0.0 and logp.grad[0, 1].item() != 0.0
+
+
 def test_kl_gradcheck_float64() -> None:
     ref = t([[-1.0, -2.0, -0.5], [-0.1, -3.0, -1.0]])
     logp = (ref + t([[0.3, -0.7, 0.0], [1.2, 0.1, -0.4]])).requires_grad_(True)

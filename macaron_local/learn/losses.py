@@ -23,6 +23,9 @@ from macaron_local.learn.arrays import ops_for
 
 Array = Any  # a torch.Tensor or an mlx.core.array
 
+#: |log(ref / policy)| a token's KL term is computed at, at most (`kl_to_reference`).
+KL_LOG_RATIO_LIMIT = 20.0
+
 
 def _valid(mask: Array) -> Array:
     return mask != 0
@@ -133,11 +136,16 @@ def kl_to_reference(logp: Array, logp_ref: Array, mask: Array, token_cap: float 
     k3 grows like exp(d): one sampled token the policy has since pushed far below the reference
     (d = 6 gives 397) can dominate a whole step; that is the loss spike seen in long runs. Each
     token's term is capped at `token_cap` (verl's "low_var_kl" does the same), so such a token
-    stops pulling rather than exploding.
+    stops pulling rather than exploding. d itself is bounded at `KL_LOG_RATIO_LIMIT` first, so
+    even uncapped (`token_cap=None`) a term is at most e^20.
     """
     ops = ops_for(logp)
     valid = _valid(mask)
     d = ops.where(valid, ops.stop_gradient(logp_ref) - logp, ops.zeros_like(logp))
+    # Bounded before the exp, as verl bounds it: past float32's exp range (d > 88, a disliked
+    # reply's token pushed far down) e^d is inf, and the cap's zero gradient times inf is NaN.
+    # Within the bound k3 is as written, and past it (k3 >= 19) the cap has already taken over.
+    d = ops.clip(d, -KL_LOG_RATIO_LIMIT, KL_LOG_RATIO_LIMIT)
     k3 = ops.exp(d) - d - 1.0
     return _token_mean(k3 if token_cap is None else ops.clip(k3, None, token_cap), mask)
 
