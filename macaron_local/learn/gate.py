@@ -74,6 +74,11 @@ def heldout_rewards(
     return rewards, surprises, recalls
 
 
+def mean_or_zero(values: Sequence[float]) -> float:
+    """The mean, or 0 with nothing to average (a night with no held-out episodes of a kind)."""
+    return statistics.fmean(values) if values else 0.0
+
+
 def significantly_worse(after: Sequence[float], before: Sequence[float], tolerance: float = OLD_HELDOUT_TOLERANCE):
     """True when the paired mean change is below -(tolerance + 2 standard errors)."""
     diffs = [a - b for a, b in zip(after, before, strict=True)]
@@ -105,21 +110,21 @@ class Scores:
 
     @property
     def new_mean(self) -> float:
-        return statistics.fmean(self.held_new) if self.held_new else 0.0
+        return mean_or_zero(self.held_new)
 
     @property
     def old_mean(self) -> float:
-        return statistics.fmean(self.held_old) if self.held_old else 0.0
+        return mean_or_zero(self.held_old)
 
     @property
     def lesson_mean(self) -> float:
-        return statistics.fmean(self.lesson) if self.lesson else 0.0
+        return mean_or_zero(self.lesson)
 
     @property
     def all_mean(self) -> float:
         """Every held-out episode, new and earlier nights' alike: what a candidate is chosen on."""
         pooled = [*self.held_new, *self.held_old]
-        return statistics.fmean(pooled) if pooled else 0.0
+        return mean_or_zero(pooled)
 
 
 def score(
@@ -164,7 +169,7 @@ def choice_rewards(scores: Scores, kept: Retention | None) -> list[float]:
 def choice_score(scores: Scores, kept: Retention | None) -> float:
     """The mean of `choice_rewards`: the leader among passing candidates (0 with none held out)."""
     rewards = choice_rewards(scores, kept)
-    return statistics.fmean(rewards) if rewards else 0.0
+    return mean_or_zero(rewards)
 
 
 def verdict(
@@ -198,7 +203,7 @@ def verdict(
         figures["heldout_lesson_before"] = round(current.lesson_mean, 4)
         figures["heldout_lesson_after"] = round(candidate.lesson_mean, 4)
     ranked = choice_rewards(candidate, kept)
-    figures["choice_score"] = round(statistics.fmean(ranked), 4) if ranked else 0.0
+    figures["choice_score"] = round(mean_or_zero(ranked), 4)
     figures["choice_rewards"] = [round(r, 4) for r in ranked]
     reasons = []
     if not significantly_better(candidate.held_new, current.held_new):
