@@ -15,7 +15,6 @@ Each step, for a few episodes:
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +27,14 @@ from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.engine import AdapterHandle, Engine, GenerationParams
 from macaron_local.learn import losses
 from macaron_local.learn.arrays import ops_for
-from macaron_local.learn.backends.base import Batch, Objective, TrainerBackend, at_scored_positions, make_batch
+from macaron_local.learn.backends.base import (
+    Batch,
+    Objective,
+    TrainerBackend,
+    at_scored_positions,
+    make_batch,
+    step_is_finite,
+)
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
 from macaron_local.learn.guards import RowGuard, guarded_rows, with_guards
@@ -397,7 +403,7 @@ def _learn_step(
         return objective(logp, held_to, mask)
 
     outcome = backend.train_step(batch, against_reference, with_reference=False)
-    if not (math.isfinite(outcome.loss) and math.isfinite(outcome.grad_norm)):
+    if not step_is_finite(outcome.loss, outcome.grad_norm):
         result.skipped_steps += 1
     tokens = batch.n_tokens
     result.trainer_seconds += time.perf_counter() - trained

@@ -7,6 +7,7 @@ template and tokenizer, so the trainer scores exactly the sequence llama.cpp gen
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,14 @@ class StepOutcome:
     loss: float
     parts: dict[str, float]
     grad_norm: float
+
+
+def step_is_finite(loss: float, grad_norm: float) -> bool:
+    """Whether a step may be applied. A backend skips one whose loss or gradient norm is not
+    finite, as mixed-precision loops skip an overflowed step: clipping scales a NaN gradient to
+    NaN, one NaN step spoils the LoRA for good, and its export is refused (a ratings night at
+    stop 40 ended so). The loop counts the skipped ones by the same rule."""
+    return math.isfinite(loss) and math.isfinite(grad_norm)
 
 
 class TrainerBackend(Protocol):

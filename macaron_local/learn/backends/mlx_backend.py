@@ -15,7 +15,6 @@ personal one (`mlx_stack`; `learn.stacking` says why and which targets the perso
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from macaron_local.learn.backends.base import (
     Objective,
     StepOutcome,
     first_scored_position,
+    step_is_finite,
     sub_batches,
 )
 from macaron_local.learn.backends.checkpoint import resolve_checkpoint
@@ -225,7 +225,7 @@ class MlxBackend:
         loss, grads, parts = self._value_and_grad(batch, objective, with_reference)
         grads, norm = optim.clip_grad_norm(grads, 1.0)
         self.mx.eval(loss, norm)
-        if math.isfinite(float(norm)) and math.isfinite(float(loss)):  # a NaN step is skipped (torch's `step`)
+        if step_is_finite(float(loss), float(norm)):
             self.optimizer.update(self.model, grads)
         self.mx.eval(self.model.parameters(), self.optimizer.state, loss, *parts.values())
         return StepOutcome(float(loss), {k: float(v) for k, v in parts.items()}, float(norm))

@@ -13,7 +13,6 @@ path Macaron's published experts take, tested end to end against a numpy referen
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from macaron_local.errors import MacaronError
-from macaron_local.learn.backends.base import Batch, Objective, StepOutcome, real_lengths, sub_batches
+from macaron_local.learn.backends.base import (
+    Batch,
+    Objective,
+    StepOutcome,
+    real_lengths,
+    step_is_finite,
+    sub_batches,
+)
 from macaron_local.learn.backends.checkpoint import (
     bitsandbytes_config,
     checkpoint_bytes,
@@ -279,13 +285,11 @@ class TorchBackend:
             param.copy_(self.torch.as_tensor(np.asarray(values), dtype=param.dtype))
 
     def step(self, loss) -> float:
-        """Backpropagate an already computed loss and step (a plain training loop's step). A step
-        whose loss or gradient is not finite is skipped, as mixed-precision loops skip an
-        overflowed one: clipping scales a NaN gradient to NaN, one NaN step spoils the LoRA for
-        good, and its export is refused (a ratings night at stop 40 ended so)."""
+        """Backpropagate an already computed loss and step (a plain training loop's step); a
+        step whose loss or gradient is not finite is skipped (`step_is_finite`)."""
         loss.backward()
         norm = float(self.torch.nn.utils.clip_grad_norm_(self._trainable(), 1.0))
-        if math.isfinite(norm) and math.isfinite(float(loss.detach())):
+        if step_is_finite(float(loss.detach()), norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
