@@ -35,6 +35,9 @@ def build_transcript(store: Store, conversation_id: str, leaf_id: str) -> list[T
     by_parent: dict[str | None, list[str]] = {}
     for message in conversation.messages:
         by_parent.setdefault(message.parent_id, []).append(message.id)
+    # Each learned version named once, not once per reply it wrote (two lookups each).
+    recorded = sorted({label for turn in turns.values() for label in turn.adapters or []})
+    names = dict(zip(recorded, shown_adapters(store, recorded), strict=True))
     items = []
     for message in store.path(leaf_id):
         siblings = by_parent.get(message.parent_id, [message.id])
@@ -53,7 +56,7 @@ def build_transcript(store: Store, conversation_id: str, leaf_id: str) -> list[T
             expert = turn.expert or "L0"
             tag = f"{expert} {SLOTS.get(expert, '')}".strip()
             if turn.adapters:
-                tag += " · " + ", ".join(shown_adapters(store, turn.adapters))
+                tag += " · " + ", ".join(names[label] for label in turn.adapters)
         content = corrected.get(message.id, message.content)
         thinking = (turn.thinking or "") if turn is not None else ""
         items.append(TranscriptItem(message.id, message.role, content, tag, marks, position, thinking))
