@@ -37,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from common import emit
@@ -174,8 +175,6 @@ def trainer_vs_reference(backend: TorchBackend, engine: Engine, episodes, steps:
 def learn_setting(item: str) -> tuple[str, object]:
     """KEY=VALUE with VALUE read as TOML (72, 0.2, true, "text"): a [learn] setting as a user
     would write it, so `learn_config` types and checks it as it does for `macaron learn`."""
-    import tomllib
-
     key, _, value = item.partition("=")
     try:
         return key.strip(), tomllib.loads(f"v = {value.strip()}")["v"]
