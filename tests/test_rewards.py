@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from macaron_local.learn.rewards import (
+    LENGTH_WEIGHT,
     chrf,
     content_kept,
     content_words,
     first_sentence,
+    length_given_back,
     lesson_recall,
     lesson_words,
     preference_reward,
@@ -77,6 +79,33 @@ def test_preference_reward_moves_toward_the_correction() -> None:
     assert preference_reward(near_chosen, chosen, rejected) > 0 > preference_reward(near_rejected, chosen, rejected)
 
 
+# The user cut a 20-word reply to 5 words.
+_LONG = "Tea is made by boiling water then pouring it over leaves and waiting for about five minutes before you drink"
+_CUT = "Pour boiling water over leaves."
+
+
+def test_length_given_back_is_the_share_of_the_cut_a_sample_restores() -> None:
+    assert length_given_back("Steep leaves in hot water.", _CUT, _LONG) == 0.0  # as short as the correction
+    restored = len(_LONG.split()) - len(_CUT.split())
+    ten = "Pour boiling water over leaves and wait five minutes to drink."
+    assert length_given_back(ten, _CUT, _LONG) == pytest.approx((len(ten.split()) - 5) / restored)
+    assert length_given_back(_LONG + " " + _LONG, _CUT, _LONG) == 1.0  # never more than all of it
+
+
+def test_length_given_back_is_zero_without_a_cut() -> None:
+    longer = _LONG + " slowly"
+    assert length_given_back(longer, _LONG, _CUT) == 0.0  # the correction added words
+    assert length_given_back(longer, " ".join(_LONG.split()[:16]), _LONG) == 0.0  # 16 of 20 words: an edit, not a cut
+    assert length_given_back(longer, _CUT, None) == 0.0  # a rating says nothing of length
+    assert length_given_back(longer, None, _LONG) == 0.0
+
+
+def test_preference_reward_prefers_the_sample_that_keeps_the_cut() -> None:
+    said_and_more = _CUT + " Then wait five minutes, add milk if you like, and drink it warm."
+    assert chrf(said_and_more, _CUT) > 0.6  # chrF alone hardly sees the extra words (recall first)
+    assert preference_reward(_CUT, _CUT, _LONG) - preference_reward(said_and_more, _CUT, _LONG) > 0.2
+
+
 def test_preference_reward_with_one_side_uses_only_that_side() -> None:
     assert preference_reward("Paris.", "Paris.", None) == pytest.approx(1.0)
     assert preference_reward("Paris.", None, "Paris.") == pytest.approx(-1.0)
@@ -94,7 +123,7 @@ def test_preference_reward_stays_in_range_on_random_text() -> None:
 
     for _ in range(300):
         chosen, rejected = rng.choice([text(), None]), text()
-        assert -1.0 <= preference_reward(text(), chosen, rejected) <= 1.0
+        assert -1.0 - LENGTH_WEIGHT <= preference_reward(text(), chosen, rejected) <= 1.0
 
 
 # ----------------------------------------------------------------- regex_reward

@@ -20,6 +20,10 @@ CONTENT_ENOUGH = 0.75
 #: `LESSON_MIN_CORRECTIONS` of them: what the user keeps adding, not what one reply was about.
 LESSON_SHARE = 0.5
 LESSON_MIN_CORRECTIONS = 3
+#: A correction at most this share of the rejected reply's words cut it: the user wants it shorter.
+CUT_SHARE = 0.75
+#: What giving back all of a cut costs a sample, on the reward's [-1, 1] scale (`length_given_back`).
+LENGTH_WEIGHT = 0.5
 #: Words that carry no content of their own; what is left of a sentence is what it says.
 _STOP_WORDS = (
     "the and are was were for with that this from not but you your his her its our their they them "
@@ -138,8 +142,33 @@ def lesson_recall(sample: str, chosen: str | None, lesson: frozenset[str]) -> fl
     return len(wanted & content_words(sample)) / len(wanted) if wanted else 0.0
 
 
+def word_count(text: str) -> int:
+    """Words as a reader counts them: runs of non-space characters."""
+    return len(text.split())
+
+
+def length_given_back(sample: str, chosen: str | None, rejected: str | None) -> float:
+    """The share of the user's cut that `sample` gives back, in [0, 1]: 0 at or under the
+    correction's word count, 1 at or over the rejected reply's. 0 when the correction did not cut
+    the reply (more than `CUT_SHARE` of its words) or either side is missing.
+
+    chrF weighs recall over precision (beta 2), so a sample that says the correction and twenty
+    words more scores nearly as well as the correction itself: on a night of "twelve words at
+    most" corrections the adapter learned shorter answers, not short ones (served 3 of 8 within
+    twelve words, twice). How long the user made a reply is part of what they wanted.
+    """
+    if chosen is None or rejected is None:
+        return 0.0
+    wanted, cut_from = word_count(chosen), word_count(rejected)
+    if wanted >= cut_from or wanted > CUT_SHARE * cut_from:  # not shorter, or hardly
+        return 0.0
+    return min(1.0, max(0.0, (word_count(sample) - wanted) / (cut_from - wanted)))
+
+
 def preference_reward(sample: str, chosen: str | None, rejected: str | None) -> float:
-    """chrF(sample, chosen) - chrF(sample, rejected), in [-1, 1].
+    """chrF(sample, chosen) - chrF(sample, rejected) - `LENGTH_WEIGHT` x `length_given_back`, in
+    [-1 - LENGTH_WEIGHT, 1]: closer to the correction than to the reply it replaced, and no
+    longer than the user cut it.
 
     With only one side (a rating), only that side counts: chrF to a liked reply, or minus chrF
     to a disliked one. The offset this leaves does not matter: GRPO compares samples of one
@@ -149,7 +178,7 @@ def preference_reward(sample: str, chosen: str | None, rejected: str | None) -> 
         raise ValueError("a preference reward needs a chosen or a rejected reply")
     toward = chrf(sample, chosen) if chosen is not None else 0.0
     away = chrf(sample, rejected) if rejected is not None else 0.0
-    return toward - away
+    return toward - away - LENGTH_WEIGHT * length_given_back(sample, chosen, rejected)
 
 
 def regex_reward(sample: str, pattern: str, flags: str = "") -> float:
