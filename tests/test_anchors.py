@@ -11,9 +11,9 @@ from macaron_local.engine import Engine, EngineConfig, GenerationParams
 from macaron_local.learn.anchors import ANCHOR_TOKENS, anchor_prompts, answer_anchors, pick_anchors
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.lesson_guard import lesson_questions
-from macaron_local.learn.loop import LearnConfig, default_reward, sample_step
+from macaron_local.learn.loop import LearnConfig, completion_tokens, default_reward, member_text, sample_step
 from macaron_local.learn.regression import load_regression_set
-from macaron_local.learn.rewards import content_kept, preference_reward
+from macaron_local.learn.rewards import content_kept, first_sentence, preference_reward
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from common import embedded_model  # noqa: E402
@@ -60,8 +60,9 @@ def test_an_anchor_is_answered_as_the_bare_experts_answer_it():
 
 
 def test_an_anchor_guards_content_and_is_never_imitated_verbatim():
-    """Its bare answer joins the group with full reward but gets no SFT row (a correction
-    does), so it cannot outvote a style the user taught; samples are scored by content_kept."""
+    """Its bare answer's first sentence joins the group with full reward but gets no SFT row (a
+    correction does), so it cannot outvote a style or a length the user taught; samples are
+    scored by content_kept."""
     [anchor] = pick_anchors(1, 1.0, 5, "You are a helpful assistant.")
     config = LearnConfig(group_size=2, episodes_per_step=1)
     with Engine(EngineConfig(model_path=embedded_model(), n_ctx=512, n_threads=2)) as engine:
@@ -69,6 +70,10 @@ def test_an_anchor_guards_content_and_is_never_imitated_verbatim():
         correction = Episode(answered.messages, chosen="Hi Sam, " + answered.chosen, rejected=answered.chosen)
         as_anchor = sample_step(engine, random.Random(0), [answered], "", 0, config, default_reward)
         as_correction = sample_step(engine, random.Random(0), [correction], "", 0, config, default_reward)
+        _, first = completion_tokens(engine, answered.messages, first_sentence(answered.chosen))
+        _, whole = completion_tokens(engine, answered.messages, correction.chosen)
+    assert as_anchor.completions[-1] == first
+    assert as_correction.completions[-1] == whole  # a correction joins whole
     assert as_anchor.is_correction == [False, False, False]
     assert as_correction.is_correction == [False, False, True]
     [rewards] = as_anchor.rewards
@@ -76,3 +81,14 @@ def test_an_anchor_guards_content_and_is_never_imitated_verbatim():
     greeted = "Hi Sam, " + answered.chosen.lower()
     assert default_reward(greeted, answered) == 1.0 == content_kept(greeted, answered.chosen)
     assert default_reward(greeted, correction) == preference_reward(greeted, correction.chosen, correction.rejected)
+
+
+def test_the_member_beside_the_samples():
+    """A correction joins whole; a rating joins as the reply rated; an anchor joins as its
+    first sentence, the part `content_kept` judges, so its length is not taught."""
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    bare = "The capital of France is Paris. It is known for the Eiffel Tower and its museums."
+    anchor = Episode(messages, chosen=bare, rejected=None, content_only=True)
+    assert member_text(anchor) == "The capital of France is Paris."
+    assert member_text(Episode(messages, chosen=bare, rejected="Lyon.")) == bare
+    assert member_text(Episode(messages, chosen=None, rejected="Lyon.")) == "Lyon."

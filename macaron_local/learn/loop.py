@@ -38,7 +38,7 @@ from macaron_local.learn.backends.base import (
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
 from macaron_local.learn.guards import RowGuard, guarded_rows, with_guards
-from macaron_local.learn.rewards import content_kept, lesson_recall, preference_reward
+from macaron_local.learn.rewards import content_kept, first_sentence, lesson_recall, preference_reward
 
 RewardFn = Callable[[str, Episode], float]
 KL_REFERENCES = ("deployed", "base")  # what LearnConfig.kl_reference may name
@@ -343,8 +343,8 @@ def sample_step(
     log-probabilities and the rewards."""
     out = StepRollouts(step, group)
     for episode in (rng.choice(pool) for _ in range(config.episodes_per_step)):
-        target = episode.chosen if episode.chosen else episode.rejected
-        prompt, chosen = completion_tokens(engine, episode.messages, target or "")
+        target = member_text(episode)
+        prompt, chosen = completion_tokens(engine, episode.messages, target)
         members = []
         for g in range(config.group_size):
             params = GenerationParams(
@@ -355,7 +355,7 @@ def sample_step(
             done = engine.generate(prompt, params)
             tokens = done.tokens + ([done.stop_token] if done.stop_token is not None else [])
             members.append((tokens, done.text))
-        group_members = [*members, (chosen, target or "")]
+        group_members = [*members, (chosen, target)]
         imitated = bool(episode.chosen) and not episode.content_only  # an anchor gets no SFT row
         for tokens, text in group_members:
             out.prompts.append(prompt)
@@ -364,6 +364,20 @@ def sample_step(
             out.is_correction.append(imitated and text == episode.chosen and tokens is chosen)
         out.rewards.append([reward(text, episode) for _, text in group_members])
     return out
+
+
+def member_text(episode: Episode) -> str:
+    """The reply that joins an episode's group beside the samples: the correction (or liked
+    reply), else the rejected one; for an anchor, its bare answer's first sentence only.
+
+    An anchor is judged on what that sentence says (`rewards.content_kept`), so the whole bare
+    answer as a member pulled toward its form too: whenever a sample lost the content, the
+    member won the group and the policy moved toward the bare expert's length. On a night of
+    "twelve words at most" the anchors' everyday questions are the very kind the user shortened.
+    """
+    if episode.content_only and episode.chosen:
+        return first_sentence(episode.chosen)
+    return episode.chosen or episode.rejected or ""
 
 
 def _learn_step(
