@@ -17,8 +17,9 @@ what the bare answer's first sentence adds to the question (rewards.content_kept
 SFT-trained verbatim. Only that first sentence joins the sampled group (`loop.member_text`): the
 whole answer, pulled toward whenever a sample lost the content, taught the bare experts' length
 against a user who cut every reply to twelve words (3 of 8 held-out replies short enough, in
-each of three runs; 7 of 8 and 3 of 8 with the first sentence, the misses one to seven words over). Trained verbatim, anchors taught "no greeting, sentence case, this length"
-as strongly as the user's corrections taught the opposite: on one night with a greeting and two
+each of three runs; 7 of 8 and 3 of 8 with the first sentence, the misses one to seven words
+over). Trained verbatim, anchors taught "no greeting, sentence case, this length" as strongly
+as the user's corrections taught the opposite: on one night with a greeting and two
 personal facts, the greeting reached 0.0 of held-out replies; guarding content only, 0.625 and
 0.875 (two seeds), with both facts at 0.875 or more.
 Anchors carry no feedback id. They are not the user's data, so forgetting never needs to reach

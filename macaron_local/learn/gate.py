@@ -38,7 +38,7 @@ from macaron_local.learn.rewards import lesson_recall, preference_reward
 
 MAX_NLL_INCREASE = 0.02
 OLD_HELDOUT_TOLERANCE = 0.02
-#: On preference_reward's [-1, 1] scale; nights that taught something gained 0.2 to 0.4.
+#: On preference_reward's scale (chrF's [-1, 1], less the length term); nights that taught something gained 0.2 to 0.4.
 MIN_HELDOUT_GAIN = 0.05
 #: What saying all of a correction's lesson words is worth in choosing among passing candidates,
 #: on the reward's [-1, 1] scale. Any weight from 0.25 to 1 chose the same candidates on the two
