@@ -4,8 +4,10 @@ Each step, for a few episodes:
 1. rollouts: `group_size` replies sampled by the engine (llama.cpp, the same quantized model
    the user runs) under the adapter being trained, re-exported every `refresh_every` steps;
 2. the correction joins the group as one more member (off-policy): what the model would never
-   sample (a personal fact, a house style) can still win the group;
-3. rewards: how much closer each member is to the correction than to the rejected reply;
+   sample (a personal fact, a house style) can still win the group (an anchor joins as its
+   first sentence: `member_text`);
+3. rewards: how much closer each member is to the correction than to the rejected reply,
+   less what it gives back of a correction that cut the reply short (rewards.length_given_back);
 4. loss = clipped policy gradient with group-normalised advantages and truncated importance
    weights against the sampler's log-probabilities + beta * KL to the reference
    + sft_weight * NLL of the corrections. The reference is where the night started: the base

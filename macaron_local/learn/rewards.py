@@ -22,7 +22,7 @@ LESSON_SHARE = 0.5
 LESSON_MIN_CORRECTIONS = 3
 #: A correction at most this share of the rejected reply's words cut it: the user wants it shorter.
 CUT_SHARE = 0.75
-#: What giving back all of a cut costs a sample, on the reward's [-1, 1] scale (`length_given_back`).
+#: What giving back all of a cut costs a sample, on chrF's [-1, 1] scale (`length_given_back`).
 LENGTH_WEIGHT = 0.5
 #: Words that carry no content of their own; what is left of a sentence is what it says.
 _STOP_WORDS = (
@@ -160,7 +160,7 @@ def length_given_back(sample: str, chosen: str | None, rejected: str | None) -> 
     if chosen is None or rejected is None:
         return 0.0
     wanted, cut_from = word_count(chosen), word_count(rejected)
-    if wanted >= cut_from or wanted > CUT_SHARE * cut_from:  # not shorter, or hardly
+    if not cut_from or wanted > CUT_SHARE * cut_from:  # nothing to cut, or hardly cut
         return 0.0
     return min(1.0, max(0.0, (word_count(sample) - wanted) / (cut_from - wanted)))
 
