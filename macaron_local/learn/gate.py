@@ -41,7 +41,7 @@ OLD_HELDOUT_TOLERANCE = 0.02
 #: On preference_reward's scale (chrF's [-1, 1], less the length term); nights that taught something gained 0.2 to 0.4.
 MIN_HELDOUT_GAIN = 0.05
 #: What saying all of a correction's lesson words is worth in choosing among passing candidates,
-#: on the reward's [-1, 1] scale. Any weight from 0.25 to 1 chose the same candidates on the two
+#: on chrF's [-1, 1] scale, the reward's main term. Any weight from 0.25 to 1 chose the same candidates on the two
 #: allergy nights it was set on; 0.5 puts a lesson applied level with a reply that moved halfway.
 LESSON_WEIGHT = 0.5
 GATE_REPLY = GenerationParams(max_tokens=64, temperature=0.0, repeat_penalty=1.1)

@@ -359,11 +359,11 @@ def sample_step(
             members.append((tokens, done.text))
         group_members = [*members, (chosen, target)]
         imitated = bool(episode.chosen) and not episode.content_only  # an anchor gets no SFT row
-        for tokens, text in group_members:
+        for tokens, _text in group_members:
             out.prompts.append(prompt)
             out.completions.append(tokens)
             out.sampler.append(engine.token_logprobs(prompt, tokens).tolist())
-            out.is_correction.append(imitated and text == episode.chosen and tokens is chosen)
+            out.is_correction.append(imitated and tokens is chosen)  # the member, not a sample
         out.rewards.append([reward(text, episode) for _, text in group_members])
     return out
 
