@@ -84,12 +84,21 @@ _LONG = "Tea is made by boiling water then pouring it over leaves and waiting fo
 _CUT = "Pour boiling water over leaves."
 
 
-def test_length_given_back_is_the_share_of_the_cut_a_sample_restores() -> None:
+def test_length_given_back_is_the_share_the_user_would_cut_again_over_the_share_they_cut() -> None:
     assert length_given_back("Steep leaves in hot water.", _CUT, _LONG) == 0.0  # as short as the correction
-    restored = len(_LONG.split()) - len(_CUT.split())
-    ten = "Pour boiling water over leaves and wait five minutes to drink."
-    assert length_given_back(ten, _CUT, _LONG) == pytest.approx((len(ten.split()) - 5) / restored)
+    assert length_given_back("Hot water.", _CUT, _LONG) == 0.0  # shorter is never charged
+    eleven = "Pour boiling water over leaves and wait five minutes to drink."
+    assert length_given_back(eleven, _CUT, _LONG) == pytest.approx((1 - 5 / 11) / (1 - 5 / 20))
+    assert length_given_back(_LONG, _CUT, _LONG) == pytest.approx(1.0)  # all of the cut given back
     assert length_given_back(_LONG + " " + _LONG, _CUT, _LONG) == 1.0  # never more than all of it
+
+
+def test_length_given_back_charges_the_first_words_past_the_cut_the_most() -> None:
+    words = [length_given_back(" ".join(["word"] * n), _CUT, _LONG) for n in range(5, 21)]
+    steps = [b - a for a, b in zip(words, words[1:], strict=False)]
+    assert all(step > 0 for step in steps)  # every word more costs more
+    assert steps == sorted(steps, reverse=True)  # and each costs less than the one before
+    assert words[10 - 5] > (10 - 5) / (20 - 5)  # twice the correction's length costs more than linearly
 
 
 def test_length_given_back_is_zero_without_a_cut() -> None:
