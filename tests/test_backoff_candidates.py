@@ -233,8 +233,12 @@ def test_the_lesson_words_choose_a_candidate_that_applies_the_fact(night: dict) 
     assert chosen.figures["heldout_lesson_after"] > 0.5
 
 
-def test_without_the_lesson_words_the_fresh_allergy_night_deploys_what_forgot_the_fact() -> None:
+def test_without_the_lesson_words_the_fresh_allergy_night_now_finds_the_fact_by_its_length_charge() -> None:
+    # Under stop 38's reward and stop 41's linear length charge, the reward alone chose the
+    # final, which served 0.375 (as deployed that night). With length charged from the first word
+    # past a cut (stop 42), the reward alone ranks step 42 first, as the lesson words do.
     night = NIGHTS[1]
     served = {c["name"]: c["served_check"] for c in night["candidates"]}
-    assert served[choose(night, 0.0).name] == 0.375  # the final: as deployed that night
-    assert served[choose(night, gate.LESSON_WEIGHT).name] == 0.875  # step 42
+    assert served["final"] == 0.375
+    assert choose(night, 0.0).name == "step-42" == choose(night, gate.LESSON_WEIGHT).name
+    assert served["step-42"] == 0.875
