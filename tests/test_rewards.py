@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -95,7 +96,7 @@ def test_length_given_back_is_the_share_the_user_would_cut_again_over_the_share_
 
 def test_length_given_back_charges_the_first_words_past_the_cut_the_most() -> None:
     words = [length_given_back(" ".join(["word"] * n), _CUT, _LONG) for n in range(5, 21)]
-    steps = [b - a for a, b in zip(words, words[1:], strict=False)]
+    steps = [b - a for a, b in itertools.pairwise(words)]
     assert all(step > 0 for step in steps)  # every word more costs more
     assert steps == sorted(steps, reverse=True)  # and each costs less than the one before
     assert words[10 - 5] > (10 - 5) / (20 - 5)  # twice the correction's length costs more than linearly

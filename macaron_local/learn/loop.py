@@ -359,7 +359,7 @@ def sample_step(
             members.append((tokens, done.text))
         group_members = [*members, (chosen, target)]
         imitated = bool(episode.chosen) and not episode.content_only  # an anchor gets no SFT row
-        for tokens, _text in group_members:
+        for tokens, _ in group_members:
             out.prompts.append(prompt)
             out.completions.append(tokens)
             out.sampler.append(engine.token_logprobs(prompt, tokens).tolist())
