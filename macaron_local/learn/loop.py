@@ -29,6 +29,7 @@ from macaron_local.adapters.validate import BaseModelInfo
 from macaron_local.engine import AdapterHandle, Engine, GenerationParams
 from macaron_local.learn import losses
 from macaron_local.learn.arrays import ops_for
+from macaron_local.learn.averaging import AVERAGE_SHARE
 from macaron_local.learn.backends.base import (
     Batch,
     Objective,
@@ -124,6 +125,9 @@ class LearnConfig:
     # step 18, -0.25 at the final, which passed the gate and served 0.75); every candidate up
     # to step 36 failed it. Nights with nothing held out to read never stop early.
     early_stop_patience: int = 0
+    # The share of the run, from its end, whose checkpoints are averaged with the final into the
+    # first candidate the gate judges (learn.averaging; 0: none, the final is judged first).
+    average_share: float = AVERAGE_SHARE
     # Where the LoRA is trained: "local" (torch/MLX here) or a remote service, "tinker" or "mint"
     # (off by default: the conversations trained on are sent there; learn/remote_run.py).
     # Keep each exported adapter's PEFT folder next to its GGUF (`<name>.peft/`) and register the

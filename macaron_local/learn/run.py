@@ -7,8 +7,10 @@ starts from the deployed version (`learn.warm`). `learn.plan` decides what the n
 held-out conversations, and a bounded window of earlier nights'); `learn.gate` judges a
 candidate the way the user is served.
 
-When the gate rejects the trained candidate the run backs off instead of giving up, cheapest
-first, within `config.backoff_s` seconds: the run's own earlier checkpoints (newest first),
+The candidate judged first is the mean of the run's late checkpoints and its final
+(`learn.averaging`): a run of two episodes a step wanders, and the average keeps what its
+checkpoints share. When the gate rejects it the run backs off instead of giving up, cheapest
+first, within `config.backoff_s` seconds: the final, the run's own earlier checkpoints,
 tonight's update at half strength (halfway from where the night started), then one retrain at
 half the learning rate with four times the KL anchor. Once one passes, the scan stops after
 `config.backoff_patience` more that do not beat it. The best candidate that passes every
@@ -37,6 +39,7 @@ from macaron_local.engine import AdapterHandle, Engine, EngineConfig, Generation
 from macaron_local.engine.select import engine_settings, open_engine
 from macaron_local.learn import fluency, gate, validation
 from macaron_local.learn.anchors import answer_anchors, pick_anchors
+from macaron_local.learn.averaging import tail_average
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
 from macaron_local.learn.episodes import Episode, episodes_from_store
 from macaron_local.learn.export import (
@@ -112,6 +115,7 @@ class Candidate:
     file: Path | None = None
     version_id: str | None = None
     origin: dict[str, np.ndarray] | None = None  # where the night started (None: from zero)
+    averaged_steps: list[int] = field(default_factory=list)  # the steps an average is the mean of
 
     def served_weights(self) -> dict[str, np.ndarray]:
         """The LoRA this candidate serves: the trained weights, or at `scale` < 1 the point that
@@ -139,6 +143,7 @@ class Candidate:
             "scale": self.scale,
             "passed": self.passed,
             "reasons": self.reasons,
+            **({"averaged_steps": self.averaged_steps} if self.averaged_steps else {}),
             **self.figures,
         }
 
@@ -441,6 +446,21 @@ def _interrupted(store: Store, plan: NightPlan, result: TrainResult) -> SlotRepo
     return SlotReport(slot, "skipped", reason, None, run_id, {"steps": len(result.steps)})
 
 
+def _candidates(result: TrainResult, final_weights: dict[str, np.ndarray], config: LearnConfig) -> list[Candidate]:
+    """Every candidate the night may judge, the first judged first: the mean of the run's late
+    checkpoints and its final (`learn.averaging`, where `average_share` finds any), then the
+    final, then the back-off ones (`_fallbacks`). The average stands for the whole run (its
+    step is the final's), so where the two pass within noise of each other it is deployed."""
+    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, final_weights)
+    fallbacks = _fallbacks(result, final, config)
+    averaged = tail_average(result.checkpoints, final.step, final_weights, config.average_share)
+    if averaged is None:
+        return [final, *fallbacks]
+    weights, steps = averaged
+    average = Candidate("average", final.step, config.lr, config.kl_beta, weights, averaged_steps=steps)
+    return [average, final, *fallbacks]
+
+
 def _fallbacks(result: TrainResult, final: Candidate, config: LearnConfig) -> list[Candidate]:
     """The cheap back-off candidates, in the order they are judged: the run's checkpoints
     (newest first), then tonight's update at half strength (halfway from where it started)."""
@@ -480,21 +500,22 @@ def judge_in_turn(
 
 
 def back_off(
-    final: Candidate,
+    first: Candidate,
     fallbacks: Sequence[Candidate],
     gains: dict[str, float | None],
     judge: Callable[[Candidate], Candidate],
     affordable: Callable[[], bool],
     config: LearnConfig,
 ) -> tuple[list[Candidate], str]:
-    """After the final is judged: the back-off candidates judged (best reader of tonight's
-    held-out corrections first, `gains`) and why a final that passed was looked past ("": it was
-    not). A rejected final is always backed off from; a passing one only when it overfit
-    (`validation.overfit`), and then it is the best so far that the others must beat."""
-    overfit_note = validation.overfit(gains, margin=config.overfit_margin) if final.passed else ""
-    if final.passed and not overfit_note:
+    """After the first candidate (the average, or the final) is judged: the back-off candidates
+    judged (best reader of tonight's held-out corrections first, `gains`) and why a first that
+    passed was looked past ("": it was not). A rejected first is always backed off from; a
+    passing one only when it overfit (`validation.overfit`), and then it is the best so far that
+    the others must beat."""
+    overfit_note = validation.overfit(gains, first.name, config.overfit_margin) if first.passed else ""
+    if first.passed and not overfit_note:
         return [], ""
-    passed = final if final.passed else None
+    passed = first if first.passed else None
     ordered = validation.ranked(fallbacks, gains, margin=config.overfit_margin)
     return judge_in_turn(ordered, judge, affordable, config.backoff_patience, passed), overfit_note
 
@@ -543,7 +564,8 @@ def _gate_and_record(
     extra_metrics: dict,
     validate: Callable[[Candidate], float | None] | None = None,
 ) -> SlotReport:
-    """Judge the final candidate (then the back-off ones) the way the user is served, register
+    """Judge the first candidate (`_candidates`: the average of the run's late checkpoints, or
+    the final), then the back-off ones, the way the user is served, register
     every one tried and deploy the best that passes. `prepare` gives a candidate's exported
     file and its parity report; `retrain` (None: not offered) the gentler retrain; `validate`
     (None: not offered) a candidate's gain on tonight's held-out corrections in the trainer
@@ -585,16 +607,15 @@ def _gate_and_record(
         engine.unload_adapter(handle)
         return candidate
 
-    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, trained.final_weights)
-    tried = [judge(final)]
+    first, *fallbacks = _candidates(result, trained.final_weights, config)
+    tried = [judge(first)]
     judge_s = time.perf_counter() - judging
     budget_end = time.perf_counter() + config.backoff_s
-    fallbacks = _fallbacks(result, final, config)
     validating = time.perf_counter()
-    gains = {c.name: validate(c) for c in [final, *fallbacks]} if validate is not None else {}
+    gains = {c.name: validate(c) for c in [first, *fallbacks]} if validate is not None else {}
     validate_s = time.perf_counter() - validating
     backed_off, overfit_note = back_off(
-        final, fallbacks, gains, judge, lambda: time.perf_counter() + judge_s <= budget_end, config
+        first, fallbacks, gains, judge, lambda: time.perf_counter() + judge_s <= budget_end, config
     )
     tried += backed_off
     if (
@@ -607,7 +628,7 @@ def _gate_and_record(
     # earlier nights taught (choosing on tonight's alone preferred a candidate that forgot more),
     # less what the taught tokens lost (gate.choice_score).
     best, choice_note = to_deploy(tried)
-    chosen = best or final
+    chosen = best or first
     decision = "deployed" if best else "rejected"
     if best:
         f = best.figures
@@ -617,7 +638,7 @@ def _gate_and_record(
             f"factual answers {f['regression_qa_reference']} -> {f['regression_qa_after']}"
         )
     else:
-        reason = "; ".join(final.reasons)
+        reason = "; ".join(first.reasons)
         if len(tried) > 1:
             reason += f" (and {len(tried) - 1} fallback candidate(s) failed too)"
     metrics = {
@@ -753,11 +774,10 @@ def _learn_sequential(
     stop_figures = _report_early_stop(night, result, reader, plan)
     trained = Trained(result, backend.lora_weights(), time.perf_counter() - night.started, start_note)
     trainer_experts.underneath("")  # parity compares the adapter alone, on the bare base
-    final = Candidate("final", len(result.steps), config.lr, config.kl_beta, trained.final_weights)
     prepared: dict[str, tuple[Path, list[np.ndarray]]] = {}
     readings: dict[str, float | None] = {}
     unadapted = trainer_logprobs(backend, samples, reference=True)  # the same for every candidate
-    for candidate in [final, *_fallbacks(result, final, config)]:
+    for candidate in _candidates(result, trained.final_weights, config):
         set_lora_weights(backend, candidate.served_weights())
         file = export_gguf(
             backend, base, workdir / f"candidate-{candidate.name}.gguf", "personal", keep_peft=config.export_peft

@@ -96,7 +96,7 @@ def overfit(gains: Mapping[str, float | None], final: str = "final", margin: flo
     if others[best] < at_final + margin:
         return ""
     return (
-        f"the final candidate reads tonight's held-out corrections {others[best] - at_final:.2f} nats a token "
+        f"the {final} candidate reads tonight's held-out corrections {others[best] - at_final:.2f} nats a token "
         f"worse than {best} ({at_final:.2f} vs {others[best]:.2f}): it overfit, so the back-off candidates "
         "are judged too"
     )
