@@ -49,3 +49,15 @@ def test_the_average_is_judged_first_then_the_final_then_the_back_off_candidates
     assert average.step == 18 and average.averaged_steps == [12, 18] and average.summary()["averaged_steps"] == [12, 18]
     off = [c.name for c in _candidates(result, lora(18.0), LearnConfig(average_share=0.0))]
     assert off == ["final", "step-12", "step-6", "final-half"]
+
+
+def test_the_share_is_a_learn_setting_from_0_to_1(home):
+    from macaron_local.daemon.config import learn_config
+    from macaron_local.errors import InvalidInputError
+
+    assert learn_config(home).average_share == 0.5
+    home.save(learn={"average_share": 0})
+    assert learn_config(home).average_share == 0.0  # off: the final is judged first
+    home.save(learn={"average_share": 1.5})
+    with pytest.raises(InvalidInputError, match="average_share must be from 0 to 1"):
+        learn_config(home)

@@ -146,16 +146,18 @@ def test_every_candidate_is_recorded_and_the_best_passing_one_is_deployed(expert
     home, _, _, catalog, manifest = experts_home
     with open_default_store(home) as store:
         seed(store, 8, "L0")
-        # An overshooting step size: the final candidate is unlikely to pass, so the run backs off.
+        # An overshooting step size: the first candidate (the mean of steps 4 and 6) is unlikely
+        # to pass, so the run backs off.
         [report] = learn_once(store, catalog, manifest, config(lr=0.5, backoff_s=600))
         [run] = store.learning_runs()
         candidates = run.metrics["candidates"]
         versions = [v for v in store.adapter_versions() if v.learning_run_id == run.id]
         assert sorted(v.evaluations["candidate"]["name"] for v in versions) == sorted(c["name"] for c in candidates)
-        assert candidates[0]["name"] == "final" and all("heldout_reward_after" in c for c in candidates)
-        if not candidates[0]["passed"]:  # checkpoints at steps 4 and 2, the final at half strength
-            judged = [c["name"] for c in candidates[1:4]]
-            assert sorted(judged) == ["final-half", "step-2", "step-4"]
+        assert candidates[0]["name"] == "average" and candidates[0]["averaged_steps"] == [4, 6]
+        assert all("heldout_reward_after" in c for c in candidates)
+        if not candidates[0]["passed"]:  # the final, checkpoints at steps 4 and 2, the final at half strength
+            judged = [c["name"] for c in candidates[1:5]]
+            assert sorted(judged) == ["final", "final-half", "step-2", "step-4"]
             gains = run.metrics["heldout_logprob_gain"]  # judged best reader of the held-out corrections first
             assert [gains[name] for name in judged] == sorted((gains[name] for name in judged), reverse=True)
             assert all(c["reasons"] for c in candidates if not c["passed"])
