@@ -199,7 +199,14 @@ def estimate(measured: dict, corrections: int) -> dict:
     stacking_overhead = tiny["trainer_tokens_per_s"] / tiny["trainer_stacked_tokens_per_s"]
 
     n_train = round(corrections * (1 - a["heldout_share"]))
-    steps = night_steps(n_train, config.steps, config.min_steps, config.visits_per_episode, config.episodes_per_step)
+    steps = night_steps(
+        n_train,
+        config.steps,
+        config.min_steps,
+        config.visits_per_episode,
+        config.episodes_per_step,
+        config.max_visits_per_episode,
+    )
     full_steps = math.ceil(config.visits_per_episode * n_train / config.episodes_per_step)
     seq = a["prompt_tokens"] + a["completion_tokens"]
     sequences_per_step = config.episodes_per_step * (config.group_size + 1)

@@ -9,7 +9,7 @@ import math
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.gate import significantly_better, significantly_worse
 from macaron_local.learn.loop import LearnConfig
-from macaron_local.learn.plan import night_steps, plan_night, rotating_sample, tonights_lesson
+from macaron_local.learn.plan import night_steps, plan_night, planned_steps, rotating_sample, tonights_lesson
 from macaron_local.store import LearningRun
 
 
@@ -73,6 +73,23 @@ def test_a_nights_cost_depends_on_its_new_feedback_not_on_history():
     assert len(huge.held_old) <= config.max_old_heldout
     assert night_steps(3, 24, 8, 6.0, 2) == 9 and night_steps(1, 24, 8, 6.0, 2) == 8
     assert night_steps(99, 24, 8, 6.0, 2) == 24
+
+
+def test_a_night_runs_the_steps_a_lesson_needs_but_no_episode_too_often():
+    config = LearnConfig()
+    shipped = (config.steps, config.min_steps, config.visits_per_episode, config.episodes_per_step)
+    assert shipped == (108, 72, 6.0, 2) and config.max_visits_per_episode == 12.0
+    # one lesson: 9 corrections and 9 anchors want 54 steps at six visits; the floor gives 72
+    assert night_steps(18, *shipped, 12.0) == 72
+    assert night_steps(24, *shipped, 12.0) == 72  # six visits reach the floor
+    assert night_steps(30, *shipped, 12.0) == 90  # above it, visits decide as before
+    assert night_steps(81, *shipped, 12.0) == 108  # three lessons: the cap
+    # three corrections and their anchors: 12 visits each make the floor, not 24
+    assert night_steps(6, *shipped, 12.0) == 36 and night_steps(1, *shipped, 12.0) == 6
+    plan = plan_night(episodes(1, 12), [], config)
+    assert len(plan.new_train) == 9 and plan.steps == 54  # 12 visits each to 9 (anchors come later)
+    plan.anchors = episodes(100, 9)  # as run.py adds them, then counts the steps again
+    assert planned_steps(plan, config) == 72
 
 
 def test_forgetting_is_judged_against_noise_not_a_single_count():

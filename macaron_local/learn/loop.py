@@ -75,8 +75,14 @@ class LearnConfig:
     # A night's size (learn.plan): about `visits_per_episode` visits to each episode trained,
     # within [min_steps, steps]; `replay_ratio` older episodes per new one; the gate reads at
     # most `max_old_heldout` of earlier nights' held-out episodes.
-    min_steps: int = 8
+    # The floor: a lesson needs about this many updates to form, however few episodes carry it.
+    # A bad knee applied to advice (9 corrections, 9 anchors) served 0.25 and 0.625 at 54 steps
+    # (6 visits), 0.875 at 72 and 81; six visits to tldr's 24 episodes are 72 already, and 8
+    # visits (96 steps) took its benchmark to 796 s. At most `max_visits_per_episode` visits each
+    # make up the floor, so a night of three corrections is not run 24 times over each.
+    min_steps: int = 72
     visits_per_episode: float = 6.0
+    max_visits_per_episode: float = 12.0
     replay_ratio: float = 1.0
     max_old_heldout: int = 8
     # "Answer as before" episodes on everyday questions per new episode (learn/anchors.py):

@@ -12,7 +12,8 @@ the learning runs recorded so far (no model), so every rule here is tested alone
   drawn from each stratum (the expert that answered x the kind of signal) in proportion, by a
   rotating window: stratum s of n_s episodes gives k_s per night at offset night * k_s, so every
   older episode is revisited within ceil(n_s / k_s) nights.
-- **Cost**: steps = min(steps, max(min_steps, ceil(visits * train / episodes_per_step))) with
+- **Cost**: steps = min(steps, max(floor, ceil(visits * train / episodes_per_step))), floor =
+  min(min_steps, ceil(max_visits * train / episodes_per_step)), with
   train = new + replay + anchors <= (1 + replay_ratio + anchor_ratio) * new: a function of the
   new feedback, capped, not of all history. The gate reads at most `max_old_heldout` of the earlier nights' held-out
   episodes (a rotating window too), so its cost is bounded as well.
@@ -112,11 +113,16 @@ def rotating_sample(episodes: Sequence[Episode], n: int, night: int) -> list[Epi
     return picked[:n] if len(picked) > n else picked
 
 
-def night_steps(n_train: int, steps: int, min_steps: int, visits: float, episodes_per_step: int) -> int:
-    """Training steps for a night of `n_train` episodes: about `visits` visits each, within
-    [min_steps, steps]."""
-    wanted = math.ceil(visits * n_train / max(1, episodes_per_step))
-    return max(1, min(steps, max(min_steps, wanted)))
+def night_steps(
+    n_train: int, steps: int, min_steps: int, visits: float, episodes_per_step: int, max_visits: float | None = None
+) -> int:
+    """Training steps for a night of `n_train` episodes: about `visits` visits each, at least
+    `min_steps` (what a lesson needs to form, LearnConfig) where that is at most `max_visits`
+    visits each (None: no bound), and at most `steps`."""
+    per_step = max(1, episodes_per_step)
+    wanted = math.ceil(visits * n_train / per_step)
+    floor = min_steps if max_visits is None else min(min_steps, math.ceil(max_visits * n_train / per_step))
+    return max(1, min(steps, max(floor, wanted)))
 
 
 def plan_night(episodes: Sequence[Episode], runs: Sequence[LearningRun], config) -> NightPlan:
@@ -158,5 +164,10 @@ def plan_night(episodes: Sequence[Episode], runs: Sequence[LearningRun], config)
 def planned_steps(plan: NightPlan, config) -> int:
     """The night's steps for its training set as it stands (anchors included once added)."""
     return night_steps(
-        len(plan.train), config.steps, config.min_steps, config.visits_per_episode, config.episodes_per_step
+        len(plan.train),
+        config.steps,
+        config.min_steps,
+        config.visits_per_episode,
+        config.episodes_per_step,
+        config.max_visits_per_episode,
     )
