@@ -45,7 +45,7 @@ from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.checkpoint import choose_quantization
 from macaron_local.learn.loop import LearnConfig
 from macaron_local.learn.memory_plan import GIB, Footprint, plan_memory
-from macaron_local.learn.plan import night_steps
+from macaron_local.learn.plan import steps_for
 
 GB = 1e9
 #: Published figures and planning assumptions (see the README's learning section).
@@ -199,14 +199,7 @@ def estimate(measured: dict, corrections: int) -> dict:
     stacking_overhead = tiny["trainer_tokens_per_s"] / tiny["trainer_stacked_tokens_per_s"]
 
     n_train = round(corrections * (1 - a["heldout_share"]))
-    steps = night_steps(
-        n_train,
-        config.steps,
-        config.min_steps,
-        config.visits_per_episode,
-        config.episodes_per_step,
-        config.max_visits_per_episode,
-    )
+    steps = steps_for(n_train, config)
     full_steps = math.ceil(config.visits_per_episode * n_train / config.episodes_per_step)
     seq = a["prompt_tokens"] + a["completion_tokens"]
     sequences_per_step = config.episodes_per_step * (config.group_size + 1)

@@ -73,7 +73,7 @@ class LearnConfig:
     seed: int = 0
     backend: str = "auto"  # auto | torch | mlx
     # A night's size (learn.plan): about `visits_per_episode` visits to each episode trained,
-    # within [min_steps, steps]; `replay_ratio` older episodes per new one; the gate reads at
+    # within [floor, steps]; `replay_ratio` older episodes per new one; the gate reads at
     # most `max_old_heldout` of earlier nights' held-out episodes.
     # The floor: a lesson needs about this many updates to form, however few episodes carry it.
     # A bad knee applied to advice (9 corrections, 9 anchors) served 0.25 and 0.625 at 54 steps

@@ -163,8 +163,13 @@ def plan_night(episodes: Sequence[Episode], runs: Sequence[LearningRun], config)
 
 def planned_steps(plan: NightPlan, config) -> int:
     """The night's steps for its training set as it stands (anchors included once added)."""
+    return steps_for(len(plan.train), config)
+
+
+def steps_for(n_train: int, config) -> int:
+    """`night_steps` for `n_train` episodes under a LearnConfig's night-size settings."""
     return night_steps(
-        len(plan.train),
+        n_train,
         config.steps,
         config.min_steps,
         config.visits_per_episode,
