@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             "\n".join(
                 [f"When asked: {e.messages[-1]['content']}"]
                 + ([f"I liked: {e.chosen}"] if e.chosen else [])
-                + ([f"I disliked: {e.rejected}"] if e.rejected else [])
+                + [f"I disliked: {rejected}" for rejected in e.all_rejected]
             )
             for e in ordered
         ]

@@ -148,6 +148,7 @@ def test_learn_dry_run_lists_the_episodes(tmp_path):
             "prompt": "How do I boil an egg?",
             "chosen": "TL;DR: simmer it for 8 minutes.",
             "rejected": "Boil it.",
+            "also_rejected": [],
             "weight": 1.0,
             "feedback_ids": [1],
             "conversation_id": conversation,

@@ -206,3 +206,27 @@ def test_only_the_users_own_words_count_as_corrected(store: Store) -> None:
     store.add_feedback(lima, "rating", value=1)
     by_chosen = {e.chosen: e.corrected for e in episodes_from_store(store)}
     assert by_chosen == {"Paris, on the Seine.": True, "Rome.": False, "Madrid.": False, "Lima.": False}
+
+
+def test_disliked_siblings_with_no_liked_one_join_into_one_episode(store: Store) -> None:
+    """A user who turned down every answer to a question taught one thing: not any of these."""
+    first, second, third = answers(store, "Name a colour.", "Blue.", "Red.", "Teal.")
+    ids = [
+        store.add_feedback(first, "regenerate"),
+        store.add_feedback(second, "rating", value=-1),
+        store.add_feedback(third, "regenerate"),
+    ]
+    joined = only(episodes_from_store(store))
+    assert (joined.chosen, joined.rejected, joined.also_rejected) == (None, "Blue.", ("Red.", "Teal."))
+    assert joined.all_rejected == ("Blue.", "Red.", "Teal.")
+    assert joined.feedback_ids == sorted(ids) and joined.message_id == first
+    assert joined.weight == 1.0  # the -1 rating, not a regenerate's half
+
+
+def test_dislikes_of_different_questions_or_conversations_stay_apart(store: Store) -> None:
+    (colour, animal) = chat(store, ("Name a colour.", "Blue."), ("Name an animal.", "Cat."), expert="L0")
+    (elsewhere,) = chat(store, ("Name a colour.", "Red."), expert="L0")
+    for reply in (colour, animal, elsewhere):
+        store.add_feedback(reply, "rating", value=-1)
+    episodes = episodes_from_store(store)
+    assert [(e.rejected, e.also_rejected) for e in episodes] == [("Blue.", ()), ("Cat.", ()), ("Red.", ())]

@@ -125,6 +125,17 @@ def test_preference_reward_with_one_side_uses_only_that_side() -> None:
         preference_reward("x", None, None)
 
 
+def test_preference_reward_with_several_disliked_replies_charges_the_nearest() -> None:
+    """A sample that left the first disliked answer by becoming another one is no better."""
+    first, second = "Blue is my favourite colour.", "Red is a warm colour."
+    assert preference_reward(second, None, first, (second,)) == pytest.approx(-1.0)
+    assert preference_reward(second, None, first) > -1.0  # judged on the first alone, it looked better
+    fresh = "Teal, a green-blue."
+    assert preference_reward(fresh, None, first, (second,)) == pytest.approx(
+        -max(chrf(fresh, first), chrf(fresh, second))
+    )
+
+
 def test_preference_reward_stays_in_range_on_random_text() -> None:
     rng = random.Random(0)
 

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
                     "prompt": e.messages[-1]["content"] if e.messages else "",
                     "chosen": e.chosen,
                     "rejected": e.rejected,
+                    "also_rejected": list(e.also_rejected),
                     "weight": e.weight,
                     "feedback_ids": e.feedback_ids,
                     "conversation_id": e.conversation_id,
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"- [{episode.slot}] {_clip(prompt, 40)}")
         print(f"    chosen:   {_clip(episode.chosen)}")
         print(f"    rejected: {_clip(episode.rejected)}")
+        for sibling in episode.also_rejected:
+            print(f"    also:     {_clip(sibling)}")
     return 0
 
 

@@ -64,7 +64,10 @@ def heldout_rewards(
         engine.set_adapters(stack(episode.slot))
         prompt = engine.render_tokens(episode.messages)
         replies.append((episode, prompt, engine.generate(prompt, GATE_REPLY)))
-    rewards = [preference_reward(reply.text, episode.chosen, episode.rejected) for episode, _, reply in replies]
+    rewards = [
+        preference_reward(reply.text, episode.chosen, episode.rejected, episode.also_rejected)
+        for episode, _, reply in replies
+    ]
     recalls = [lesson_recall(reply.text, episode.chosen, lesson) for episode, _, reply in replies] if lesson else []
     surprises: list[float | None] = []
     if bare is not None:

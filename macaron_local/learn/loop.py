@@ -186,7 +186,7 @@ def default_reward(text: str, episode: Episode) -> float:
     """Closeness to what the user wanted; for an anchor, whether its answer's content survived."""
     if episode.content_only and episode.chosen:
         return content_kept(text, episode.chosen, episode.messages[-1]["content"])
-    return preference_reward(text, episode.chosen, episode.rejected)
+    return preference_reward(text, episode.chosen, episode.rejected, episode.also_rejected)
 
 
 def lesson_reward(lesson: frozenset[str], weight: float) -> RewardFn:

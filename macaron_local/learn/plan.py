@@ -62,7 +62,7 @@ def tonights_lesson(plan: NightPlan) -> frozenset[str]:
     trained or held out: the user wrote them all, and the held-out ones are judged by them."""
     tonight = [*plan.new_train, *plan.held_new]
     corrections = [e.chosen for e in tonight if e.corrected and e.chosen]
-    return lesson_words(corrections, [e.rejected for e in tonight if e.rejected])
+    return lesson_words(corrections, [r for e in tonight for r in e.all_rejected])
 
 
 def _counted(run: LearningRun) -> bool:

@@ -174,19 +174,24 @@ def length_given_back(sample: str, chosen: str | None, rejected: str | None) -> 
     return min(1.0, (1.0 - wanted / words) / (1.0 - wanted / cut_from))
 
 
-def preference_reward(sample: str, chosen: str | None, rejected: str | None) -> float:
+def preference_reward(
+    sample: str, chosen: str | None, rejected: str | None, also_rejected: Sequence[str] = ()
+) -> float:
     """chrF(sample, chosen) - chrF(sample, rejected) - `LENGTH_WEIGHT` x `length_given_back`, in
     [-1 - LENGTH_WEIGHT, 1]: closer to the correction than to the reply it replaced, and no
     longer than the user cut it.
 
     With only one side (a rating), only that side counts: chrF to a liked reply, or minus chrF
     to a disliked one. The offset this leaves does not matter: GRPO compares samples of one
-    prompt with each other (`group_advantages`).
+    prompt with each other (`group_advantages`). With several disliked replies (`also_rejected`,
+    siblings the user also turned down), the nearest counts: a sample that moved away from one
+    by becoming another is no better.
     """
     if chosen is None and rejected is None:
         raise ValueError("a preference reward needs a chosen or a rejected reply")
     toward = chrf(sample, chosen) if chosen is not None else 0.0
-    away = chrf(sample, rejected) if rejected is not None else 0.0
+    turned_down = [r for r in (rejected, *also_rejected) if r is not None]
+    away = max((chrf(sample, r) for r in turned_down), default=0.0)
     return toward - away - LENGTH_WEIGHT * length_given_back(sample, chosen, rejected)
 
 
