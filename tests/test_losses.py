@@ -284,3 +284,42 @@ def test_dpo_decreases_as_the_chosen_margin_grows_and_gradients_point_that_way()
     assert chosen.grad.item() == pytest.approx(-0.05)  # -beta * sigmoid(0) : raise the chosen
     assert rej.grad.item() == pytest.approx(0.05)  # lower the rejected
     assert ref_c_leaf.grad is None  # the reference is a fixed anchor
+
+
+# ----------------------------------------------------------------- plain NumPy
+def test_numpy_arrays_give_the_torch_values_with_no_gradient() -> None:
+    """What is computed on the machine and not trained through (a remote trainer's advantages)
+    runs the same losses on NumPy arrays."""
+    rng = np.random.default_rng(5)
+    logp = np.log(rng.uniform(0.05, 0.9, (3, 4)))
+    ref, sampler = logp + rng.normal(0, 0.5, (3, 4)), logp + rng.normal(0, 0.8, (3, 4))
+    mask = np.array([[0, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=np.float64)
+    advantages = np.array([1.2, -0.4, 0.0])
+    cases = {
+        "policy_gradient": lambda x, r, s, m, a: policy_gradient_loss(x, x, a, m, 0.2, sampler_logp=s),
+        "kl": lambda x, r, s, m, a: kl_to_reference(x, r, m),
+        "sft": lambda x, r, s, m, a: sft_loss(x, m),
+        "excess_nll": lambda x, r, s, m, a: excess_nll(x, r, m),
+    }
+    for name, case in cases.items():
+        ours = case(logp, ref, sampler, mask, advantages)
+        theirs = case(*(t(v) for v in (logp, ref, sampler, mask, advantages)))
+        assert float(ours) == pytest.approx(float(theirs), rel=1e-9), name
+    rewards = np.array([[0.1, 0.5, 0.9], [1.0, 1.0, 1.0]])
+    np.testing.assert_allclose(group_advantages(rewards), group_advantages(t(rewards)).numpy(), rtol=1e-12)
+    logits = rng.normal(0, 2, (1, 3, 5))
+    targets = np.array([[1, 4, 0]])
+    np.testing.assert_allclose(
+        sequence_logprobs(logits, targets, np.ones((1, 3), dtype=bool)),
+        sequence_logprobs(t(logits), torch.tensor(targets), torch.ones(1, 3, dtype=torch.bool)).numpy(),
+        rtol=1e-12,
+    )
+
+
+def test_a_remote_trainer_is_sent_each_groups_advantages_whatever_its_size() -> None:
+    from macaron_local.learn.remote_run import advantages_of
+
+    got = advantages_of([[1.0, 0.0, 0.5], [0.2, 0.2], [-1.0, 0.0, -1.0, -1.0, 0.5]])
+    assert [len(g) for g in got] == [3, 2, 5] and got[1] == [0.0, 0.0]
+    np.testing.assert_allclose(got[0], [math.sqrt(1.5), -math.sqrt(1.5), 0.0], rtol=1e-5)  # eps in the divisor
+    assert sum(got[2]) == pytest.approx(0.0, abs=1e-9)
