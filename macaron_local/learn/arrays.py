@@ -73,109 +73,71 @@ class MlxOps:
     def __init__(self) -> None:
         import mlx.core as mx
 
-        self._mx = mx
+        self._xp = mx
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
-        return self._mx.where(cond, a, b)
+        return self._xp.where(cond, a, b)
 
     def zeros_like(self, x: Any) -> Any:
-        return self._mx.zeros_like(x)
+        return self._xp.zeros_like(x)
 
     def exp(self, x: Any) -> Any:
-        return self._mx.exp(x)
+        return self._xp.exp(x)
 
     def minimum(self, a: Any, b: Any) -> Any:
-        return self._mx.minimum(a, b)
+        return self._xp.minimum(a, b)
 
     def clip(self, x: Any, low: float | None, high: float | None) -> Any:
-        return self._mx.clip(x, low, high)
+        return self._xp.clip(x, low, high)
 
     def mean(self, x: Any, axis: int, keepdims: bool = False) -> Any:
-        return self._mx.mean(x, axis=axis, keepdims=keepdims)
+        return self._xp.mean(x, axis=axis, keepdims=keepdims)
 
     def std(self, x: Any, axis: int, keepdims: bool = False) -> Any:
-        return self._mx.std(x, axis=axis, keepdims=keepdims, ddof=0)
+        return self._xp.std(x, axis=axis, keepdims=keepdims, ddof=0)
 
     def all(self, x: Any, axis: int, keepdims: bool = False) -> Any:
-        return self._mx.all(x, axis=axis, keepdims=keepdims)
+        return self._xp.all(x, axis=axis, keepdims=keepdims)
 
     def stop_gradient(self, x: Any) -> Any:
-        return self._mx.stop_gradient(x)
+        return self._xp.stop_gradient(x)
 
     def cast_like(self, x: Any, like: Any) -> Any:
         return x.astype(like.dtype)
 
     def log_softmax(self, x: Any, axis: int = -1) -> Any:
-        return x - self._mx.logsumexp(x, axis=axis, keepdims=True)
+        return x - self._xp.logsumexp(x, axis=axis, keepdims=True)
 
     def take_last_axis(self, x: Any, index: Any) -> Any:
-        return self._mx.take_along_axis(x, self._mx.expand_dims(index, -1), axis=-1).squeeze(-1)
+        return self._xp.take_along_axis(x, self._xp.expand_dims(index, -1), axis=-1).squeeze(-1)
 
     def expand_dims(self, x: Any, axis: int) -> Any:
-        return self._mx.expand_dims(x, axis)
+        return self._xp.expand_dims(x, axis)
 
     def broadcast_like(self, x: Any, like: Any) -> Any:
-        return self._mx.broadcast_to(x, like.shape)
+        return self._xp.broadcast_to(x, like.shape)
 
     def log_sigmoid(self, x: Any) -> Any:
-        return -self._mx.logaddexp(self._mx.zeros_like(x), -x)
+        return -self._xp.logaddexp(self._xp.zeros_like(x), -x)
 
 
-class NumpyOps:
-    """Plain NumPy, with no gradient: for what is computed on the machine and not trained
+class NumpyOps(MlxOps):
+    """Plain NumPy, with no gradients: for what is computed on the machine and not trained
     through, such as the group advantages a remote trainer is sent (learn/remote_run.py). Until
-    this existed, NumPy arrays were handed torch's spelling and that call failed."""
+    this existed, NumPy arrays were handed torch's spelling and that call failed. MLX spells
+    its operations as NumPy does, so only what NumPy lacks differs: gradients and logsumexp."""
 
     def __init__(self) -> None:
         import numpy as np
 
-        self._np = np
-
-    def where(self, cond: Any, a: Any, b: Any) -> Any:
-        return self._np.where(cond, a, b)
-
-    def zeros_like(self, x: Any) -> Any:
-        return self._np.zeros_like(x)
-
-    def exp(self, x: Any) -> Any:
-        return self._np.exp(x)
-
-    def minimum(self, a: Any, b: Any) -> Any:
-        return self._np.minimum(a, b)
-
-    def clip(self, x: Any, low: float | None, high: float | None) -> Any:
-        return self._np.clip(x, low, high)
-
-    def mean(self, x: Any, axis: int, keepdims: bool = False) -> Any:
-        return self._np.mean(x, axis=axis, keepdims=keepdims)
-
-    def std(self, x: Any, axis: int, keepdims: bool = False) -> Any:
-        return self._np.std(x, axis=axis, keepdims=keepdims, ddof=0)
-
-    def all(self, x: Any, axis: int, keepdims: bool = False) -> Any:
-        return self._np.all(x, axis=axis, keepdims=keepdims)
+        self._xp = np
 
     def stop_gradient(self, x: Any) -> Any:
         return x
 
-    def cast_like(self, x: Any, like: Any) -> Any:
-        return x.astype(like.dtype)
-
     def log_softmax(self, x: Any, axis: int = -1) -> Any:
-        shifted = x - self._np.max(x, axis=axis, keepdims=True)
-        return shifted - self._np.log(self._np.sum(self._np.exp(shifted), axis=axis, keepdims=True))
-
-    def take_last_axis(self, x: Any, index: Any) -> Any:
-        return self._np.take_along_axis(x, self._np.expand_dims(index, -1), axis=-1).squeeze(-1)
-
-    def expand_dims(self, x: Any, axis: int) -> Any:
-        return self._np.expand_dims(x, axis)
-
-    def broadcast_like(self, x: Any, like: Any) -> Any:
-        return self._np.broadcast_to(x, like.shape)
-
-    def log_sigmoid(self, x: Any) -> Any:
-        return -self._np.logaddexp(self._np.zeros_like(x), -x)
+        shifted = x - self._xp.max(x, axis=axis, keepdims=True)
+        return shifted - self._xp.log(self._xp.sum(self._xp.exp(shifted), axis=axis, keepdims=True))
 
 
 Ops = TorchOps | MlxOps | NumpyOps
