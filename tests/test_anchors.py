@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -68,8 +67,8 @@ def test_an_anchor_guards_content_and_is_never_imitated_verbatim():
     with Engine(EngineConfig(model_path=embedded_model(), n_ctx=512, n_threads=2)) as engine:
         [answered] = answer_anchors(engine, [anchor], lambda slot: [])
         correction = Episode(answered.messages, chosen="Hi Sam, " + answered.chosen, rejected=answered.chosen)
-        as_anchor = sample_step(engine, random.Random(0), [answered], "", 0, config, default_reward)
-        as_correction = sample_step(engine, random.Random(0), [correction], "", 0, config, default_reward)
+        as_anchor = sample_step(engine, [answered], "", 0, config, default_reward)
+        as_correction = sample_step(engine, [correction], "", 0, config, default_reward)
         _, first = completion_tokens(engine, answered.messages, first_sentence(answered.chosen))
         _, whole = completion_tokens(engine, answered.messages, correction.chosen)
     assert as_anchor.completions[-1] == first

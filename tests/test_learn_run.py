@@ -62,7 +62,7 @@ def test_a_run_is_gated_registered_and_recorded(home, tiny_model, backend):
 
 @pytest.mark.parametrize("patience", [1, 0])
 def test_training_stops_once_the_held_out_corrections_stop_reading_better(home, tiny_model, patience):
-    """A step size large enough that the tiny model overshoots after two steps: with patience 1
+    """A step size large enough that the tiny model overshoots within a few steps: with patience 1
     the night stops at the first checkpoint that reads worse, is gated like any other, and
     consumes its feedback; with patience 0 it trains every planned step."""
     model = tiny_model("llama", False, n_ctx_train=2048)
@@ -70,7 +70,7 @@ def test_training_stops_once_the_held_out_corrections_stop_reading_better(home, 
     manifest = catalog.add_local("tiny", model.path)
     config = LearnConfig(
         steps=8, min_steps=8, episodes_per_step=2, group_size=2, max_new_tokens=4, refresh_every=1,
-        backend="torch", lr=5e-2, early_stop_patience=patience,
+        backend="torch", lr=1e-1, early_stop_patience=patience, overfit_margin=0.05,
     )  # fmt: skip
     with open_default_store(home) as store:
         seed(store, 8)

@@ -38,6 +38,7 @@ from macaron_local.learn.backends.base import (
     make_batch,
     step_is_finite,
 )
+from macaron_local.learn.draws import EpisodeDraws
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.export import export_gguf
 from macaron_local.learn.guards import RowGuard, guarded_rows, with_guards
@@ -72,9 +73,9 @@ class LearnConfig:
     refresh_every: int = 6
     seed: int = 0
     backend: str = "auto"  # auto | torch | mlx
-    # A night's size (learn.plan): about `visits_per_episode` visits to each episode trained,
-    # within [floor, steps]; `replay_ratio` older episodes per new one; the gate reads at
-    # most `max_old_heldout` of earlier nights' held-out episodes.
+    # A night's size (learn.plan): `visits_per_episode` visits to each episode trained (dealt
+    # evenly, learn/draws.py), within [floor, steps]; `replay_ratio` older episodes per new one;
+    # the gate reads at most `max_old_heldout` of earlier nights' held-out episodes.
     # The floor: a lesson needs about this many updates to form, however few episodes carry it.
     # A bad knee applied to advice (9 corrections, 9 anchors) served 0.25 and 0.625 at 54 steps
     # (6 visits), 0.875 at 72 and 81; six visits to tldr's 24 episodes are 72 already, and 8
@@ -274,14 +275,14 @@ def train(
     samples under `frozen` (the expert) plus the current rollout adapter.
 
     Episodes answered by different experts (`group_of`) are trained each with its own expert
-    underneath: a step draws its episodes from one group, and `underneath(group)` makes the
+    underneath: a step draws its episodes from one group (learn/draws.py deals them: each
+    episode within one visit of every other), and `underneath(group)` makes the
     backend and the engine carry that group's expert (returning the engine's frozen set).
     Every `checkpoint_every` steps the LoRA weights are kept as a fallback candidate, and
     `at_checkpoint(step)` (if given) may end training there (`_stops_early`).
     A correction or up-vote pulls toward its chosen reply; a down-vote or regenerate with no
     correction joins its group as the worst member, so the policy is pushed away from it."""
-    rng = random.Random(config.seed)
-    groups, names = _groups(episodes, group_of)
+    draws = EpisodeDraws(_groups(episodes, group_of), random.Random(config.seed))
     total = steps if steps is not None else config.steps
     result = TrainResult(start=backend.lora_weights())
     reference = kl_reference_weights(result.start, config)
@@ -292,7 +293,7 @@ def train(
         if should_stop():
             break
         started = time.perf_counter()
-        expert_group = _draw_group(rng, groups, names)
+        expert_group = draws.next_group()
         if underneath is not None:
             frozen = list(underneath(expert_group))
         if step and step % config.refresh_every == 0:
@@ -302,7 +303,8 @@ def train(
                 engine.unload_adapter(rollout)
             rollout = engine.load_adapter(path)
         engine.set_adapters([*frozen, *([rollout] if rollout else [])])
-        sampled = sample_step(engine, rng, groups[expert_group], expert_group, step, config, reward)
+        picked = draws.deal(expert_group, config.episodes_per_step)
+        sampled = sample_step(engine, picked, expert_group, step, config, reward)
         result.rollout_seconds += time.perf_counter() - started
         _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step, reference, guards)
         if _stops_early(result, step, at_checkpoint):
@@ -326,35 +328,29 @@ class StepRollouts:
     is_correction: list[bool] = field(default_factory=list)
 
 
-def _groups(episodes: Sequence[Episode], group_of: Callable[[Episode], str]) -> tuple[dict, list[str]]:
+def _groups(episodes: Sequence[Episode], group_of: Callable[[Episode], str]) -> dict[str, list[Episode]]:
     usable = [e for e in episodes if e.chosen or e.rejected]
     if not usable:
         raise ValueError("learning needs at least one episode with a chosen or a rejected reply")
     groups: dict[str, list[Episode]] = {}
     for episode in usable:
         groups.setdefault(group_of(episode), []).append(episode)
-    return groups, sorted(groups)
-
-
-def _draw_group(rng: random.Random, groups: dict[str, list[Episode]], names: list[str]) -> str:
-    weights = [len(groups[n]) for n in names]  # each group in proportion to its size
-    return rng.choices(names, weights=weights)[0] if len(names) > 1 else names[0]
+    return groups
 
 
 def sample_step(
     engine: Engine,
-    rng: random.Random,
-    pool: Sequence[Episode],
+    episodes: Sequence[Episode],
     group: str,
     step: int,
     config: LearnConfig,
     reward: RewardFn,
 ) -> StepRollouts:
-    """`episodes_per_step` episodes from `pool`, each with `group_size` replies sampled by the
-    engine under its current adapters, the correction as one more member, the sampler's
+    """The step's `episodes` (learn/draws.py deals them), each with `group_size` replies sampled
+    by the engine under its current adapters, the correction as one more member, the sampler's
     log-probabilities and the rewards."""
     out = StepRollouts(step, group)
-    for episode in (rng.choice(pool) for _ in range(config.episodes_per_step)):
+    for episode in episodes:
         target = member_text(episode)
         prompt, chosen = completion_tokens(engine, episode.messages, target)
         members = []
@@ -514,16 +510,16 @@ def sample_night(
     llama.cpp alone (no trainer resident), drawn exactly as `train` draws them (same groups,
     same episodes, same seeds). All are sampled under the frozen expert only, as `train`'s
     first `refresh_every` steps are. Returns the rollouts and their seconds."""
-    rng = random.Random(config.seed)
-    groups, names = _groups(episodes, group_of)
+    draws = EpisodeDraws(_groups(episodes, group_of), random.Random(config.seed))
     started = time.perf_counter()
     night: list[StepRollouts] = []
     for step in range(steps):
         if should_stop():
             break
-        expert_group = _draw_group(rng, groups, names)
+        expert_group = draws.next_group()
         engine.set_adapters(list(underneath(expert_group)) if underneath is not None else [])
-        night.append(sample_step(engine, rng, groups[expert_group], expert_group, step, config, reward))
+        picked = draws.deal(expert_group, config.episodes_per_step)
+        night.append(sample_step(engine, picked, expert_group, step, config, reward))
     engine.set_adapters([])
     return night, time.perf_counter() - started
 

@@ -116,7 +116,8 @@ def rotating_sample(episodes: Sequence[Episode], n: int, night: int) -> list[Epi
 def night_steps(
     n_train: int, steps: int, min_steps: int, visits: float, episodes_per_step: int, max_visits: float | None = None
 ) -> int:
-    """Training steps for a night of `n_train` episodes: about `visits` visits each, at least
+    """Training steps for a night of `n_train` episodes: `visits` visits each (learn/draws.py
+    deals them evenly, so each is within one visit of that), at least
     `min_steps` (what a lesson needs to form, LearnConfig) where that is at most `max_visits`
     visits each (None: no bound), and at most `steps`."""
     per_step = max(1, episodes_per_step)
