@@ -14,7 +14,7 @@ deal the same night.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from macaron_local.learn.episodes import Episode
 
@@ -32,6 +32,23 @@ class EpisodeDraws:
         self._steps_of = dict.fromkeys(self._groups, 0)
         self._decks: dict[str, list[Episode]] = {name: [] for name in self._groups}
         self._steps = 0
+
+    @classmethod
+    def for_night(cls, episodes: Sequence[Episode], group_of: Callable[[Episode], str], seed: int) -> EpisodeDraws:
+        """A night's deal: the episodes that carry a verdict (a chosen or a rejected reply),
+        grouped by `group_of` (the expert each is trained under), seeded by `seed`."""
+        usable = [e for e in episodes if e.chosen or e.rejected]
+        if not usable:
+            raise ValueError("learning needs at least one episode with a chosen or a rejected reply")
+        groups: dict[str, list[Episode]] = {}
+        for episode in usable:
+            groups.setdefault(group_of(episode), []).append(episode)
+        return cls(groups, random.Random(seed))
+
+    def next_step(self, n: int) -> tuple[str, list[Episode]]:
+        """The next step's group and its `n` episodes."""
+        group = self.next_group()
+        return group, self.deal(group, n)
 
     def next_group(self) -> str:
         """The group the next step draws from: the one furthest behind its share of the steps."""

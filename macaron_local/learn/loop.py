@@ -17,7 +17,6 @@ Each step, for a few episodes:
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -282,7 +281,7 @@ def train(
     `at_checkpoint(step)` (if given) may end training there (`_stops_early`).
     A correction or up-vote pulls toward its chosen reply; a down-vote or regenerate with no
     correction joins its group as the worst member, so the policy is pushed away from it."""
-    draws = EpisodeDraws(_groups(episodes, group_of), random.Random(config.seed))
+    draws = EpisodeDraws.for_night(episodes, group_of, config.seed)
     total = steps if steps is not None else config.steps
     result = TrainResult(start=backend.lora_weights())
     reference = kl_reference_weights(result.start, config)
@@ -293,7 +292,7 @@ def train(
         if should_stop():
             break
         started = time.perf_counter()
-        expert_group = draws.next_group()
+        expert_group, picked = draws.next_step(config.episodes_per_step)
         if underneath is not None:
             frozen = list(underneath(expert_group))
         if step and step % config.refresh_every == 0:
@@ -303,7 +302,6 @@ def train(
                 engine.unload_adapter(rollout)
             rollout = engine.load_adapter(path)
         engine.set_adapters([*frozen, *([rollout] if rollout else [])])
-        picked = draws.deal(expert_group, config.episodes_per_step)
         sampled = sample_step(engine, picked, expert_group, step, config, reward)
         result.rollout_seconds += time.perf_counter() - started
         _learn_step(backend, sampled, config, result, started, total, checkpoint_every, on_step, reference, guards)
@@ -326,16 +324,6 @@ class StepRollouts:
     sampler: list[list[float]] = field(default_factory=list)  # llama.cpp's log-probabilities
     rewards: list[list[float]] = field(default_factory=list)
     is_correction: list[bool] = field(default_factory=list)
-
-
-def _groups(episodes: Sequence[Episode], group_of: Callable[[Episode], str]) -> dict[str, list[Episode]]:
-    usable = [e for e in episodes if e.chosen or e.rejected]
-    if not usable:
-        raise ValueError("learning needs at least one episode with a chosen or a rejected reply")
-    groups: dict[str, list[Episode]] = {}
-    for episode in usable:
-        groups.setdefault(group_of(episode), []).append(episode)
-    return groups
 
 
 def sample_step(
@@ -510,15 +498,14 @@ def sample_night(
     llama.cpp alone (no trainer resident), drawn exactly as `train` draws them (same groups,
     same episodes, same seeds). All are sampled under the frozen expert only, as `train`'s
     first `refresh_every` steps are. Returns the rollouts and their seconds."""
-    draws = EpisodeDraws(_groups(episodes, group_of), random.Random(config.seed))
+    draws = EpisodeDraws.for_night(episodes, group_of, config.seed)
     started = time.perf_counter()
     night: list[StepRollouts] = []
     for step in range(steps):
         if should_stop():
             break
-        expert_group = draws.next_group()
+        expert_group, picked = draws.next_step(config.episodes_per_step)
         engine.set_adapters(list(underneath(expert_group)) if underneath is not None else [])
-        picked = draws.deal(expert_group, config.episodes_per_step)
         night.append(sample_step(engine, picked, expert_group, step, config, reward))
     engine.set_adapters([])
     return night, time.perf_counter() - started
