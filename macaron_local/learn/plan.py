@@ -46,6 +46,8 @@ class NightPlan:
     skipped: str | None = None
     noisy: int = 0  # corrections left out as noise, not language (learn/fluency.py)
     lesson: frozenset[str] = frozenset()  # what tonight's corrections keep adding (`tonights_lesson`)
+    styles: list[str] = field(default_factory=list)  # styles composed into every correction (learn/compose.py)
+    composed: int = 0  # trained corrections a composed style changed
 
     @property
     def train(self) -> list[Episode]:

@@ -41,6 +41,7 @@ from macaron_local.learn import fluency, gate, validation
 from macaron_local.learn.anchors import answer_anchors, pick_anchors
 from macaron_local.learn.averaging import tail_average
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
+from macaron_local.learn.compose import compose, night_styles
 from macaron_local.learn.episodes import Episode, episodes_from_store
 from macaron_local.learn.export import (
     ParityReport,
@@ -402,9 +403,21 @@ def _plan(
         return SlotReport(PERSONAL_SLOT, "skipped", plan.skipped)
     plan.noisy = noisy
     plan.lesson = tonights_lesson(plan)
+    if config.compose_styles:
+        _compose_styles(plan)
     plan.anchors = pick_anchors(len(plan.new_train), config.anchor_ratio, plan.night, system_prompt)
     plan.steps = planned_steps(plan, config)
     return plan
+
+
+def _compose_styles(plan: NightPlan) -> None:
+    """Every style tonight's new corrections keep adding (learn/compose.py), applied to the
+    trained corrections (tonight's and the replayed ones) that lack it; held-out ones stay as
+    the user wrote them."""
+    styles = night_styles([*plan.new_train, *plan.held_new])
+    plan.new_train, changed_new = compose(plan.new_train, styles)
+    plan.replay, changed_old = compose(plan.replay, styles)
+    plan.styles, plan.composed = [s.name for s in styles], changed_new + changed_old
 
 
 def _drop_noise(experts: Experts, episodes: list[Episode], learned: set[int]) -> tuple[list[Episode], int]:
@@ -651,6 +664,8 @@ def _gate_and_record(
         "night": plan.night,
         "noise_corrections_left_out": plan.noisy,
         "lesson_words": sorted(lesson),
+        "composed_styles": plan.styles,
+        "composed_corrections": plan.composed,
         "start": trained.start_note,
         "steps": len(result.steps),
         # a skipped step's loss was not finite: null, not the NaN strict JSON has no word for
