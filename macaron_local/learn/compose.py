@@ -53,7 +53,7 @@ MIN_ADDED = 3
 CLOSING_WORDS = 8
 # A name or title after the last comma, then the sentence's end: "..., Dr. Okafor." A name is
 # capitalised, so ", your Civic." (a fact) is not an address.
-_ADDRESS = re.compile(r",\s+([A-Z][\w.' -]{1,30}?)\s*([.!?])\s*\Z")
+_ADDRESS = re.compile(r",\s+([A-Z][\w.' -]{1,30}?)\s*[.!?]\s*\Z")
 #: A bold lead is at most this many characters: the gist, not the answer.
 BOLD_CHARS = 80
 _BOLD = re.compile(rf"\A\s*\*\*[^*\n]{{2,{BOLD_CHARS}}}\*\*")
@@ -150,9 +150,10 @@ def _stands(style: Style, pairs: Sequence[tuple[str, str]]) -> bool:
 def _closings(corrections: Sequence[str]) -> list[ClosingLine]:
     lines: Counter[tuple[str, str]] = Counter()
     for text in corrections:
-        head, sep, last = text.rstrip().rpartition("\n")
+        body = text.rstrip()
+        head, sep, last = body.rpartition("\n")
         if sep and head.strip() and 0 < len(last.split()) <= CLOSING_WORDS:
-            separator = text.rstrip()[len(head.rstrip()) : len(text.rstrip()) - len(last)]
+            separator = body[len(head.rstrip()) : len(body) - len(last)]  # "\n\n", as the user wrote it
             lines[(last.strip(), separator)] += 1
     return [ClosingLine(line, separator) for (line, separator), n in lines.items() if n >= MIN_ADDED]
 

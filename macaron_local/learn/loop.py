@@ -101,9 +101,10 @@ class LearnConfig:
     # that it says, times this. Off by default (0: chrF alone): at 0.5 (stop 39) allergy went
     # 0.75 then 0.375 and six other scenarios stayed within one prompt of 8 of runs without it.
     lesson_reward: float = 0.0
-    # Apply each style tonight's corrections keep adding (a fixed opening label or closing line,
-    # a bold lead, a case) to the night's other corrections (learn/compose.py): preferences add
-    # up, and a correction that fixed one thing is not a vote against the rest.
+    # Apply each style tonight's corrections keep adding (a fixed closing line, an address at the
+    # end, a bold lead, a case; not an opening label) to the night's other corrections
+    # (learn/compose.py): preferences add up, and a correction that fixed one thing is not a
+    # vote against the rest.
     compose_styles: bool = True
     # What earlier nights taught, held on `lesson_questions` everyday requests a night
     # (learn/lesson_guard.py): the deployed version's taught tokens in its answers, held to it
