@@ -83,6 +83,10 @@ class LearnConfig:
     min_steps: int = 72
     visits_per_episode: float = 6.0
     max_visits_per_episode: float = 12.0
+    # Where the cap leaves corrections fewer visits than this, each step adds SFT-only rows of
+    # them, dealt evenly, so each is imitated about this often (learn/imitation.py; 0: off).
+    # Nights under the cap (one lesson) add none.
+    imitation_visits: float = 6.0
     replay_ratio: float = 1.0
     max_old_heldout: int = 8
     # "Answer as before" episodes on everyday questions per new episode (learn/anchors.py):
@@ -161,6 +165,7 @@ class StepLog:
     total: int = 0  # the steps this run plans (a night's size follows its new feedback)
     passages: float = 0.0  # the plain-text term (learn/passages.py), before its weight
     lessons: float = 0.0  # earlier nights' taught tokens (learn/lesson_guard.py), before its weight
+    imitation: float = 0.0  # the extra SFT rows of a crowded night (learn/imitation.py), before its weight
 
 
 @dataclass
@@ -431,6 +436,7 @@ def _learn_step(
         sft=outcome.parts["sft"],
         passages=outcome.parts.get("passages", 0.0),
         lessons=outcome.parts.get("lessons", 0.0),
+        imitation=outcome.parts.get("imitation", 0.0),
         reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
         trainer_tokens=tokens,
         seconds=time.perf_counter() - started,

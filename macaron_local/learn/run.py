@@ -52,6 +52,7 @@ from macaron_local.learn.export import (
     trainer_logprobs,
 )
 from macaron_local.learn.guards import RowGuard
+from macaron_local.learn.imitation import ImitationGuard, imitation_guard
 from macaron_local.learn.lesson_guard import LessonGuard, lesson_guard, lesson_questions
 from macaron_local.learn.loop import (
     LearnConfig,
@@ -295,7 +296,7 @@ def learn_personal(
             return planned
         plan = planned
         plan.anchors = answer_anchors(engine, plan.anchors, experts.stack(None))
-        guards = _guards(engine, night, experts, plan.night)
+        guards = _guards(engine, night, experts, plan)
         learn = _learn_sequential if mode == "sequential" else _learn_together
         return learn(night, plan, engine, experts, guards, workdir)
 
@@ -837,18 +838,34 @@ def _free_accelerator_cache() -> None:
 def _guard_figures(guards: list[RowGuard]) -> dict:
     """What the night held besides its feedback: the lesson rows and their taught tokens."""
     lessons = [g for g in guards if isinstance(g, LessonGuard)]
+    imitations = [g for g in guards if isinstance(g, ImitationGuard)]
     return {
+        "imitation_rows_per_step": sum(g.per_step for g in imitations),
+        "imitation_rows": sum(g.rows_dealt for g in imitations),
         "lesson_rows": sum(len(g.prompts) for g in lessons),
         "lesson_tokens": int(sum(sum(m) for g in lessons for m in g.masks or [])),
     }
 
 
-def _guards(engine: Engine, night: Night, experts: Experts, night_number: int) -> list[RowGuard]:
-    """The rows every step holds in place, built while the engine is open: the plain-text
-    passages (learn/passages.py) and, on a night that continues a deployed version, that
-    version's lessons on everyday requests (learn/lesson_guard.py)."""
-    config, deployed = night.config, night.deployed
+def _guards(engine: Engine, night: Night, experts: Experts, plan: NightPlan) -> list[RowGuard]:
+    """The rows every step adds, built while the engine is open: the plain-text passages
+    (learn/passages.py), the corrections' extra SFT rows on a night the step cap crowds
+    (learn/imitation.py) and, on a night that continues a deployed version, that version's
+    lessons on everyday requests (learn/lesson_guard.py)."""
+    config, deployed, night_number = night.config, night.deployed, plan.night
     guards: list[RowGuard] = [PassageGuard(passage_tokens(engine), config.passages_per_step, config.passage_weight)]
+    guards.append(
+        imitation_guard(
+            engine,
+            plan.train,
+            plan.steps,
+            config.episodes_per_step,
+            config.imitation_visits,
+            config.sft_weight,
+            experts.group,
+            config.seed,
+        )
+    )
     if deployed is not None and config.warm_start and config.lesson_weight > 0 and config.lesson_questions > 0:
         questions = lesson_questions(config.lesson_questions, night_number, night.system_prompt)
         handle = engine.load_adapter(deployed.path)
