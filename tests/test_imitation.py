@@ -119,3 +119,15 @@ def test_imitation_rows_teach_the_corrections_more_in_the_same_steps(tmp_path):
     assert guard.rows_dealt == 8
     assert logged[False] == [0.0] * 4 and min(logged[True]) > 0
     assert learned[True] > learned[False] + 0.5
+
+
+def test_imitation_visits_is_a_learn_setting_and_never_negative(home):
+    from macaron_local.daemon.config import learn_config
+    from macaron_local.errors import InvalidInputError
+
+    assert learn_config(home).imitation_visits == 6.0
+    home.save(learn={"imitation_visits": 0})
+    assert learn_config(home).imitation_visits == 0.0  # off: a crowded night adds no rows
+    home.save(learn={"imitation_visits": -1})
+    with pytest.raises(InvalidInputError, match="imitation_visits must be >= 0"):
+        learn_config(home)

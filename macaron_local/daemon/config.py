@@ -150,6 +150,8 @@ def learn_config(settings: Settings) -> LearnConfig:
         raise InvalidInputError("[learn] passage_weight and passages_per_step must be >= 0")
     if config.lesson_weight < 0 or config.lessons_per_step < 0 or config.lesson_questions < 0:
         raise InvalidInputError("[learn] lesson_weight, lessons_per_step and lesson_questions must be >= 0")
+    if config.imitation_visits < 0:
+        raise InvalidInputError(f"[learn] imitation_visits must be >= 0 (got {config.imitation_visits})")
     if not 0 <= config.average_share <= 1:
         raise InvalidInputError(f"[learn] average_share must be from 0 to 1 (got {config.average_share})")
     return config
