@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from macaron_local.learn.episodes import Episode
-from macaron_local.learn.imitation import ImitationGuard, imitated, rows_per_step
+from macaron_local.learn.imitation import ImitationGuard, rows_per_step
 
 
 def test_rows_per_step_tops_up_only_what_the_cap_left_out():
@@ -27,10 +27,10 @@ def test_rows_per_step_tops_up_only_what_the_cap_left_out():
 
 def test_only_chosen_replies_that_are_not_anchors_are_imitated():
     ask = [{"role": "user", "content": "q"}]
-    assert imitated(Episode(ask, "fixed", "bad"))
-    assert imitated(Episode(ask, "liked", None))
-    assert not imitated(Episode(ask, None, "disliked"))
-    assert not imitated(Episode(ask, "Paris.", None, content_only=True))
+    assert Episode(ask, "fixed", "bad").imitated
+    assert Episode(ask, "liked", None).imitated
+    assert not Episode(ask, None, "disliked").imitated
+    assert not Episode(ask, "Paris.", None, content_only=True).imitated
 
 
 def _guard(groups: list[str], per_step: int, seed: int = 0) -> ImitationGuard:

@@ -61,6 +61,12 @@ class Episode:
     also_rejected: tuple[str, ...] = ()  # sibling replies to the same question also turned down
 
     @property
+    def imitated(self) -> bool:
+        """Whether training imitates the chosen reply token for token (its SFT row): a chosen
+        reply that is not an anchor's (the loop's group member, learn/imitation.py's rows)."""
+        return bool(self.chosen) and not self.content_only
+
+    @property
     def all_rejected(self) -> tuple[str, ...]:
         """Every reply the user turned down for this prompt: `rejected`, then `also_rejected`."""
         return ((self.rejected,) if self.rejected is not None else ()) + self.also_rejected

@@ -32,11 +32,6 @@ from macaron_local.learn.guards import RowGuard, Term
 from macaron_local.learn.loop import completion_tokens
 
 
-def imitated(episode: Episode) -> bool:
-    """An episode whose chosen reply the loop imitates token for token (its SFT row)."""
-    return bool(episode.chosen) and not episode.content_only
-
-
 def rows_per_step(n_episodes: int, n_imitated: int, steps: int, episodes_per_step: int, visits: float) -> int:
     """SFT rows each step adds so that `n_imitated` corrections among a night's `n_episodes`
     reach about `visits` imitations each over `steps` steps of `episodes_per_step` visits."""
@@ -118,7 +113,7 @@ def imitation_guard(
     """The guard for a night that trains `episodes` for `steps` steps: no rows where the
     night's visits already reach `visits` (or `weight` is 0)."""
     usable = [e for e in episodes if e.chosen or e.rejected]
-    chosen = [e for e in usable if imitated(e)]
+    chosen = [e for e in usable if e.imitated]
     per_step = rows_per_step(len(usable), len(chosen), steps, episodes_per_step, visits)
     if per_step == 0 or weight <= 0:
         return ImitationGuard([], [], [], 0, weight, seed)

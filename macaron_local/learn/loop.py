@@ -362,7 +362,7 @@ def sample_step(
             tokens = done.tokens + ([done.stop_token] if done.stop_token is not None else [])
             members.append((tokens, done.text))
         group_members = [*members, (chosen, target)]
-        imitated = bool(episode.chosen) and not episode.content_only  # an anchor gets no SFT row
+        imitated = episode.imitated  # an anchor gets no SFT row
         for tokens, _ in group_members:
             out.prompts.append(prompt)
             out.completions.append(tokens)
