@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from macaron_local.learn.draws import EpisodeDraws
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.imitation import ImitationGuard, rows_per_step
 
@@ -31,6 +32,16 @@ def test_only_chosen_replies_that_are_not_anchors_are_imitated():
     assert Episode(ask, "liked", None).imitated
     assert not Episode(ask, None, "disliked").imitated
     assert not Episode(ask, "Paris.", None, content_only=True).imitated
+
+
+def test_only_episodes_with_a_verdict_are_dealt_or_counted():
+    ask = [{"role": "user", "content": "q"}]
+    assert Episode(ask, "fixed", None).has_verdict and Episode(ask, None, "bad").has_verdict
+    assert not Episode(ask, None, None).has_verdict and not Episode(ask, "", "").has_verdict
+    draws = EpisodeDraws.for_night([Episode(ask, None, None), Episode(ask, "fixed", None)], lambda e: "", seed=0)
+    assert [e.chosen for e in draws.deal("", 3)] == ["fixed"] * 3  # the verdict-less one is never dealt
+    with pytest.raises(ValueError, match="at least one episode"):
+        EpisodeDraws.for_night([Episode(ask, None, None)], lambda e: "", seed=0)
 
 
 def _guard(groups: list[str], per_step: int, seed: int = 0) -> ImitationGuard:

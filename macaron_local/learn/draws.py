@@ -37,7 +37,7 @@ class EpisodeDraws:
     def for_night(cls, episodes: Sequence[Episode], group_of: Callable[[Episode], str], seed: int) -> EpisodeDraws:
         """A night's deal: the episodes that carry a verdict (a chosen or a rejected reply),
         grouped by `group_of` (the expert each is trained under), seeded by `seed`."""
-        usable = [e for e in episodes if e.chosen or e.rejected]
+        usable = [e for e in episodes if e.has_verdict]
         if not usable:
             raise ValueError("learning needs at least one episode with a chosen or a rejected reply")
         groups: dict[str, list[Episode]] = {}

@@ -61,6 +61,12 @@ class Episode:
     also_rejected: tuple[str, ...] = ()  # sibling replies to the same question also turned down
 
     @property
+    def has_verdict(self) -> bool:
+        """Whether the episode can be trained on at all: it carries a chosen or a rejected reply
+        (a rating without either, or an empty correction, teaches nothing)."""
+        return bool(self.chosen or self.rejected)
+
+    @property
     def imitated(self) -> bool:
         """Whether training imitates the chosen reply token for token (its SFT row): a chosen
         reply that is not an anchor's (the loop's group member, learn/imitation.py's rows)."""

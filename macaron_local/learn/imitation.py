@@ -112,7 +112,7 @@ def imitation_guard(
 ) -> ImitationGuard:
     """The guard for a night that trains `episodes` for `steps` steps: no rows where the
     night's visits already reach `visits` (or `weight` is 0)."""
-    usable = [e for e in episodes if e.chosen or e.rejected]
+    usable = [e for e in episodes if e.has_verdict]
     chosen = [e for e in usable if e.imitated]
     per_step = rows_per_step(len(usable), len(chosen), steps, episodes_per_step, visits)
     if per_step == 0 or weight <= 0:

@@ -836,7 +836,9 @@ def _free_accelerator_cache() -> None:
 
 
 def _guard_figures(guards: list[RowGuard]) -> dict:
-    """What the night held besides its feedback: the lesson rows and their taught tokens."""
+    """What the night held besides its feedback: the imitation rows of the main pass (taken
+    before the gate, so a gentler retrain's second deal is not counted), the lesson rows and
+    their taught tokens."""
     lessons = [g for g in guards if isinstance(g, LessonGuard)]
     imitations = [g for g in guards if isinstance(g, ImitationGuard)]
     return {
