@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from macaron_local.engine import AdapterHandle, Engine, GenerationParams
 from macaron_local.learn import fluency
 from macaron_local.learn.episodes import Episode
-from macaron_local.learn.regression import RegressionScore
+from macaron_local.learn.regression import RegressionScore, lost_answers
 from macaron_local.learn.regression import score as regression_score
 from macaron_local.learn.retention import MAX_TAUGHT_DROP, Retention
 from macaron_local.learn.rewards import lesson_recall, preference_reward
@@ -199,6 +199,9 @@ def verdict(
         "regression_qa_after": reg.qa_right,
         "regression_qa_total": reg.qa_total,
     }
+    lost = lost_answers(reg, reference)
+    if lost:
+        figures["regression_lost"] = lost
     if kept is not None:
         figures["taught_tokens"] = kept.taught_tokens
         figures["taught_drop"] = round(kept.mean_drop, 4)

@@ -25,11 +25,38 @@ def load_regression_set() -> dict[str, Any]:
     return json.loads(resources.files("macaron_local.learn").joinpath("data/regression.json").read_text("utf-8"))
 
 
+#: How much of a lost answer's reply a run records: enough to see what replaced the answer.
+LOST_REPLY_CHARS = 80
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One factual question as served: the greedy reply and whether it holds a key term."""
+
+    question: str
+    reply: str
+    right: bool
+
+
 @dataclass(frozen=True)
 class RegressionScore:
     passage_nll: float
     qa_right: int
     qa_total: int
+    #: Each question's served answer, in the set's order (empty where a score was built by hand).
+    answers: tuple[Answer, ...] = ()
+
+
+def lost_answers(candidate: RegressionScore, reference: RegressionScore) -> list[dict[str, str]]:
+    """The questions `reference` answered right and `candidate` did not, with the start of the
+    candidate's reply: what a rejection for "factual answers dropped" lets a reader check
+    (a lesson's fact or format poured into everyday answers, or an answer merely garbled)."""
+    right_before = {a.question for a in reference.answers if a.right}
+    return [
+        {"question": a.question, "reply": a.reply.strip()[:LOST_REPLY_CHARS]}
+        for a in candidate.answers
+        if not a.right and a.question in right_before
+    ]
 
 
 def passage_nll(engine: Engine, passages: list[str]) -> float:
@@ -68,12 +95,12 @@ def score(
     params = replace(params or GenerationParams(), max_tokens=ANSWER_TOKENS)
     engine.set_adapters(stack("L0"))
     nll = passage_nll(engine, data["passages"])
-    right = 0
+    answers = []
     for item in data["questions"]:
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
             {"role": "user", "content": item["question"]}
         ]
         engine.set_adapters(stack(route(item["question"]).slot))
         reply = engine.generate(engine.render_tokens(messages), params).text
-        right += answer_is_right(reply, item["answer_terms"])
-    return RegressionScore(nll, right, len(data["questions"]))
+        answers.append(Answer(item["question"], reply, answer_is_right(reply, item["answer_terms"])))
+    return RegressionScore(nll, sum(a.right for a in answers), len(answers), tuple(answers))
