@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in reports:
             print(f"night {len(report['nights']) + 1}: {r.slot} {r.decision}: {r.reason}", file=sys.stderr)
             figures = ("heldout_reward_after", "old_heldout_reward_after", "regression_nll_delta")
-            figures += ("regression_qa_after", "taught_tokens", "taught_drop")
+            figures += ("regression_qa_after", "regression_lost", "taught_tokens", "taught_drop")
             candidates = [
                 {"name": c.get("name"), "passed": c.get("passed"), "reasons": c.get("reasons", [])}
                 | {k: c.get(k) for k in figures}
