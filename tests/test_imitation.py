@@ -34,7 +34,7 @@ def test_only_chosen_replies_that_are_not_anchors_are_imitated():
     assert not Episode(ask, "Paris.", None, content_only=True).imitated
 
 
-def test_only_episodes_with_a_verdict_are_dealt_or_counted():
+def test_only_episodes_with_a_verdict_are_dealt():
     ask = [{"role": "user", "content": "q"}]
     assert Episode(ask, "fixed", None).has_verdict and Episode(ask, None, "bad").has_verdict
     assert not Episode(ask, None, None).has_verdict and not Episode(ask, "", "").has_verdict
