@@ -148,6 +148,8 @@ def learn_config(settings: Settings) -> LearnConfig:
         raise InvalidInputError("[learn] steps and rank must be >= 1 and lr > 0")
     if config.passage_weight < 0 or config.passages_per_step < 0:
         raise InvalidInputError("[learn] passage_weight and passages_per_step must be >= 0")
+    if config.anchor_hold_weight < 0 or config.anchor_holds_per_step < 0:
+        raise InvalidInputError("[learn] anchor_hold_weight and anchor_holds_per_step must be >= 0")
     if config.lesson_weight < 0 or config.lessons_per_step < 0 or config.lesson_questions < 0:
         raise InvalidInputError("[learn] lesson_weight, lessons_per_step and lesson_questions must be >= 0")
     if config.imitation_visits < 0:

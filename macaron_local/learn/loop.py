@@ -100,6 +100,11 @@ class LearnConfig:
     # the gate's passage NLL limit is against the base, and chat replies alone never see plain text.
     passage_weight: float = 1.0
     passages_per_step: int = 2
+    # The anchors' answers scored each step too, `anchor_holds_per_step` rows, and their tokens
+    # the bare experts are sure of held to them one-sided, times `anchor_hold_weight`
+    # (learn/anchor_hold.py): what the model knows, held where a night's long run let it drift.
+    anchor_hold_weight: float = 0.0
+    anchor_holds_per_step: int = 2
     # A sample's reward also counts the share of the night's lesson words (rewards.lesson_words:
     # what the night's corrections keep adding, such as a fact) its episode's correction holds
     # that it says, times this. Off by default (0: chrF alone): at 0.5 (stop 39) allergy went

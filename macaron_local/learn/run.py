@@ -38,6 +38,7 @@ from macaron_local.catalog import SLOTS, Catalog, Manifest
 from macaron_local.engine import AdapterHandle, Engine, EngineConfig, GenerationParams
 from macaron_local.engine.select import engine_settings, open_engine
 from macaron_local.learn import fluency, gate, validation
+from macaron_local.learn.anchor_hold import AnchorHold, anchor_hold
 from macaron_local.learn.anchors import answer_anchors, pick_anchors
 from macaron_local.learn.averaging import tail_average
 from macaron_local.learn.backends.gguf_weights import frozen_deltas
@@ -845,17 +846,31 @@ def _guard_figures(guards: list[RowGuard]) -> dict:
         "imitation_rows_per_step": sum(g.per_step for g in imitations),
         "imitation_rows": sum(g.rows_dealt for g in imitations),
         "lesson_rows": sum(len(g.prompts) for g in lessons),
+        "anchor_hold_tokens": int(sum(sum(m) for g in guards if isinstance(g, AnchorHold) for m in g.masks or [])),
         "lesson_tokens": int(sum(sum(m) for g in lessons for m in g.masks or [])),
     }
 
 
 def _guards(engine: Engine, night: Night, experts: Experts, plan: NightPlan) -> list[RowGuard]:
     """The rows every step adds, built while the engine is open: the plain-text passages
-    (learn/passages.py), the corrections' extra SFT rows on a night the step cap crowds
-    (learn/imitation.py) and, on a night that continues a deployed version, that version's
-    lessons on everyday requests (learn/lesson_guard.py)."""
+    (learn/passages.py), the anchors' known tokens (learn/anchor_hold.py), the corrections'
+    extra SFT rows on a night the step cap crowds (learn/imitation.py) and, on a night that
+    continues a deployed version, that version's lessons on everyday requests
+    (learn/lesson_guard.py)."""
     config, deployed, night_number = night.config, night.deployed, plan.night
     guards: list[RowGuard] = [PassageGuard(passage_tokens(engine), config.passages_per_step, config.passage_weight)]
+    styles = night_styles([*plan.new_train, *plan.held_new]) if config.compose_styles else []
+    guards.append(
+        anchor_hold(
+            engine,
+            plan.anchors,
+            styles,
+            experts.stack(None),
+            experts.group,
+            config.anchor_holds_per_step,
+            config.anchor_hold_weight,
+        )
+    )
     guards.append(
         imitation_guard(
             engine,
