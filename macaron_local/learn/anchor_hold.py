@@ -29,7 +29,7 @@ import numpy as np
 
 from macaron_local.engine import Engine
 from macaron_local.learn.backends.base import Batch, TrainerBackend
-from macaron_local.learn.compose import Style
+from macaron_local.learn.compose import Style, styled
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.guards import RowGuard
 from macaron_local.learn.loop import completion_tokens
@@ -52,10 +52,7 @@ class AnchorHold(RowGuard):
 def held_text(answer: str, styles: Sequence[Style]) -> str:
     """The first sentence of a bare answer, with tonight's styles applied where it lacks them."""
     text = first_sentence(answer)
-    for style in styles:
-        if text and not style.holds(text):
-            text = style.apply(text)
-    return text
+    return styled(text, styles) if text else text
 
 
 def known_mask(bare_logprobs: np.ndarray, text_tokens: int) -> np.ndarray:

@@ -181,10 +181,15 @@ def compose(episodes: Sequence[Episode], styles: Sequence[Style]) -> tuple[list[
         if not (episode.corrected and episode.chosen) or episode.content_only:
             out.append(episode)
             continue
-        text = episode.chosen
-        for style in styles:
-            if not style.holds(text):
-                text = style.apply(text)
+        text = styled(episode.chosen, styles)
         changed += text != episode.chosen
         out.append(replace(episode, chosen=text) if text != episode.chosen else episode)
     return out, changed
+
+
+def styled(text: str, styles: Sequence[Style]) -> str:
+    """`text` with each of `styles` it lacks applied, in order."""
+    for style in styles:
+        if not style.holds(text):
+            text = style.apply(text)
+    return text

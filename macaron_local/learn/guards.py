@@ -2,11 +2,12 @@
 token one-sided against a fixed reference (`losses.excess_nll`), so the adapter pays for what it
 made less likely and gains nothing for making it more likely.
 
-Two kinds use it: plain-text passages held to the bare experts (learn/passages.py), and the
-lessons earlier nights taught, held to the deployed version (learn/lesson_guard.py). A guard's rows
-rotate (step s takes the next `per_step` of those scored under the step's expert), and each
-row's reference is computed once per expert underneath and cached, since it does not change
-during a night.
+Three kinds hold this way: plain-text passages and the anchors' known tokens, held to the bare
+experts (learn/passages.py, learn/anchor_hold.py), and the lessons earlier nights taught, held
+to the deployed version (learn/lesson_guard.py); the corrections' extra SFT rows
+(learn/imitation.py) share the plumbing. A guard's rows rotate (step s takes the next
+`per_step` of those scored under the step's expert), and each row's reference is computed once
+per expert underneath and cached, since it does not change during a night.
 """
 
 from __future__ import annotations

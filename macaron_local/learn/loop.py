@@ -171,6 +171,7 @@ class StepLog:
     passages: float = 0.0  # the plain-text term (learn/passages.py), before its weight
     lessons: float = 0.0  # earlier nights' taught tokens (learn/lesson_guard.py), before its weight
     imitation: float = 0.0  # the extra SFT rows of a crowded night (learn/imitation.py), before its weight
+    anchor_hold: float = 0.0  # the anchors' known tokens (learn/anchor_hold.py), before its weight
 
 
 @dataclass
@@ -406,7 +407,7 @@ def _learn_step(
     """One optimizer step on `sampled`, logged (and checkpointed every `checkpoint_every`).
     `reference`: the LoRA weights the KL term holds the policy to (None: the base). `guards`:
     rows scored in the same batch and held in place (learn/guards.py: plain-text passages,
-    earlier nights' lessons)."""
+    the anchors' known tokens, earlier nights' lessons)."""
     step, rewards = sampled.step, sampled.rewards
     trained = time.perf_counter()
     rows = len(sampled.prompts)
@@ -442,6 +443,7 @@ def _learn_step(
         passages=outcome.parts.get("passages", 0.0),
         lessons=outcome.parts.get("lessons", 0.0),
         imitation=outcome.parts.get("imitation", 0.0),
+        anchor_hold=outcome.parts.get("anchor_hold", 0.0),
         reward_mean=float(sum(map(sum, rewards)) / max(1, sum(map(len, rewards)))),
         trainer_tokens=tokens,
         seconds=time.perf_counter() - started,
