@@ -198,6 +198,26 @@ def test_a_continued_night_holds_the_deployed_versions_lessons_on_everyday_reque
         assert logs[0].lessons < 1e-4 < max(log.lessons for log in logs)  # held to where the night began
 
 
+@pytest.mark.parametrize("weight", [0.0, 1.0])
+def test_the_anchor_hold_rides_in_the_steps_only_when_it_is_turned_on(experts_home, monkeypatch, weight):
+    """The run-level path of learn/anchor_hold.py: off (the default), no held tokens and a zero
+    term; on, the anchors' held tokens are counted in the run's figures and the term is logged.
+    The tiny random model is sure of no token, so here every text token after the first counts
+    as known."""
+    monkeypatch.setattr("macaron_local.learn.anchor_hold.KNOWN_MIN_P", 1e-12)
+    home, _, _, catalog, manifest = experts_home
+    with open_default_store(home) as store:
+        seed(store, 8, "L0")
+        logs: list = []
+        [night] = learn_once(store, catalog, manifest, config(anchor_hold_weight=weight), on_step=logs.append)
+    held, anchors = night.metrics["anchor_hold_tokens"], night.metrics["anchor_episodes"]
+    assert logs and anchors >= 1
+    if weight == 0.0:
+        assert held == 0 and all(log.anchor_hold == 0.0 for log in logs)
+    else:
+        assert held >= anchors and max(log.anchor_hold for log in logs) > 0.0
+
+
 def test_forget_withdraws_every_version_that_learned_it_and_the_next_night_retrains_without_it(experts_home):
     home, model, adapters, catalog, manifest = experts_home
     with open_default_store(home) as store:
