@@ -19,6 +19,12 @@ case taught tonight is not opposed; of it, only the tokens the bare experts are 
 (probability at least `KNOWN_MIN_P`): the facts, not the phrasing. The first token is never
 held: a reply's opening is where labels and formats ("TL;DR:", "- ", a greeting) go, and those
 lessons must be free to take it.
+
+It is off by default (`LearnConfig.anchor_hold_weight` 0). On five nights of three lessons
+each (stop 51), the candidates it trained kept their factual answers: 25 of 29 passed the
+gate's factual check, where the JSON trio's back-off had seen 9 of 12 fail. But no lesson
+reached more of its held-out prompts, and a night took up to 60 s longer. What kept those
+nights from their targets was a lesson that had not formed, not knowledge lost on the way.
 """
 
 from __future__ import annotations
