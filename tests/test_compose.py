@@ -140,7 +140,7 @@ def test_a_night_composes_its_trained_and_replayed_corrections_not_its_held_out_
     held = corrected("Pull it out gently.")
     plan = NightPlan(new_train=[*CLOSING, *BOLD[:2]], held_new=[BOLD[2], held], replay=[CAT[0]])
     _compose_styles(plan)
-    assert plan.styles == ["opens with its first sentence in bold", "ends with 'Anything else?'"]
+    assert [s.name for s in plan.styles] == ["opens with its first sentence in bold", "ends with 'Anything else?'"]
     assert plan.composed == 6  # 3 closing lines got bold, 2 bold leads a closing line, the replayed cat both
     assert plan.replay[0].chosen == "**Your cat is called Biscuit.**\n\nAnything else?"
     assert plan.held_new[1].chosen == "Pull it out gently."  # the gate reads what the user wrote

@@ -88,13 +88,5 @@ def anchor_hold(
     lengths = [len(engine.tokenize(text, add_bos=False, special=False)) for _, text in answered]
     bare_logprobs = logprobs_under(engine, bare, samples)
     masks = [known_mask(b, n) for b, n in zip(bare_logprobs, lengths, strict=True)]
-    kept_anchors = [a for a, _ in answered]
-    kept = [(a, tokens, m) for a, (_, tokens), m in zip(kept_anchors, samples, masks, strict=True) if m.any()]
-    return AnchorHold(
-        [p for _, (p, _), _ in kept],
-        [c for _, (_, c), _ in kept],
-        per_step,
-        weight,
-        masks=[m.astype(np.float32).tolist() for _, _, m in kept],
-        groups=[group_of(a) for a, _, _ in kept],
-    )
+    kept = [(group_of(a), p, c, m) for (a, _), (_, (p, c)), m in zip(answered, samples, masks, strict=True) if m.any()]
+    return AnchorHold.from_masked(kept, per_step, weight)

@@ -19,6 +19,9 @@ import numpy as np
 from macaron_local.learn import losses
 from macaron_local.learn.backends.base import Batch, TrainerBackend, at_scored_positions, make_batch
 
+#: (expert group, prompt tokens, completion tokens, held mask): one row a builder found.
+MaskedRow = tuple[str | None, Sequence[int], Sequence[int], np.ndarray]
+
 #: A guard's term as a function of its own rows' log-probabilities and token mask.
 Term = Callable[[object, object], object]
 
@@ -45,6 +48,25 @@ class RowGuard:
         self.per_step = per_step if self.prompts and weight > 0 else 0
         self.weight = weight
         self._reference: dict[tuple[str, int], np.ndarray] = {}
+
+    @classmethod
+    def from_masked(
+        cls, rows: Sequence[tuple[str | None, Sequence[int], Sequence[int], np.ndarray]], per_step: int, weight: float
+    ):
+        """The guard of `(group, prompt, completion, held mask)` rows, as the builders find them."""
+        return cls(
+            [prompt for _, prompt, _, _ in rows],
+            [completion for _, _, completion, _ in rows],
+            per_step,
+            weight,
+            masks=[np.asarray(mask, dtype=np.float32).tolist() for _, _, _, mask in rows],
+            groups=[group for group, _, _, _ in rows],
+        )
+
+    @property
+    def held_tokens(self) -> int:
+        """How many tokens the rows' masks hold (0 for a guard without masks)."""
+        return int(sum(map(sum, self.masks or [])))
 
     def begin(self, start: dict[str, np.ndarray] | None) -> None:
         """Called when a night's training starts from LoRA weights `start` (a retrain calls it

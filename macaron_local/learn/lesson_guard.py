@@ -87,12 +87,5 @@ def lesson_guard(
             answered.append((question, (prompt, completion)))
     samples = [(q.slot, tokens) for q, tokens in answered]
     masks = taught_masks(logprobs_under(engine, deployed, samples), logprobs_under(engine, bare, samples))
-    kept = [(q, tokens, m) for (q, tokens), m in zip(answered, masks, strict=True) if m.any()]
-    return LessonGuard(
-        [p for _, (p, _), _ in kept],
-        [c for _, (_, c), _ in kept],
-        per_step,
-        weight,
-        masks=[m.astype(np.float32).tolist() for _, _, m in kept],
-        groups=[group_of(q) for q, _, _ in kept],
-    )
+    kept = [(group_of(q), p, c, m) for (q, (p, c)), m in zip(answered, masks, strict=True) if m.any()]
+    return LessonGuard.from_masked(kept, per_step, weight)

@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from macaron_local.learn.compose import Style
 from macaron_local.learn.episodes import Episode
 from macaron_local.learn.rewards import lesson_words
 from macaron_local.store import LearningRun
@@ -46,7 +47,7 @@ class NightPlan:
     skipped: str | None = None
     noisy: int = 0  # corrections left out as noise, not language (learn/fluency.py)
     lesson: frozenset[str] = frozenset()  # what tonight's corrections keep adding (`tonights_lesson`)
-    styles: list[str] = field(default_factory=list)  # styles composed into every correction (learn/compose.py)
+    styles: list[Style] = field(default_factory=list)  # styles composed into every correction (learn/compose.py)
     composed: int = 0  # trained corrections a composed style changed
 
     @property

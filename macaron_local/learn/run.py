@@ -419,7 +419,7 @@ def _compose_styles(plan: NightPlan) -> None:
     styles = night_styles([*plan.new_train, *plan.held_new])
     plan.new_train, changed_new = compose(plan.new_train, styles)
     plan.replay, changed_old = compose(plan.replay, styles)
-    plan.styles, plan.composed = [s.name for s in styles], changed_new + changed_old
+    plan.styles, plan.composed = styles, changed_new + changed_old
 
 
 def _drop_noise(experts: Experts, episodes: list[Episode], learned: set[int]) -> tuple[list[Episode], int]:
@@ -666,7 +666,7 @@ def _gate_and_record(
         "night": plan.night,
         "noise_corrections_left_out": plan.noisy,
         "lesson_words": sorted(lesson),
-        "composed_styles": plan.styles,
+        "composed_styles": [s.name for s in plan.styles],
         "composed_corrections": plan.composed,
         "start": trained.start_note,
         "steps": len(result.steps),
@@ -846,8 +846,8 @@ def _guard_figures(guards: list[RowGuard]) -> dict:
         "imitation_rows_per_step": sum(g.per_step for g in imitations),
         "imitation_rows": sum(g.rows_dealt for g in imitations),
         "lesson_rows": sum(len(g.prompts) for g in lessons),
-        "anchor_hold_tokens": int(sum(sum(m) for g in guards if isinstance(g, AnchorHold) for m in g.masks or [])),
-        "lesson_tokens": int(sum(sum(m) for g in lessons for m in g.masks or [])),
+        "anchor_hold_tokens": sum(g.held_tokens for g in guards if isinstance(g, AnchorHold)),
+        "lesson_tokens": sum(g.held_tokens for g in lessons),
     }
 
 
@@ -859,12 +859,11 @@ def _guards(engine: Engine, night: Night, experts: Experts, plan: NightPlan) -> 
     (learn/lesson_guard.py)."""
     config, deployed, night_number = night.config, night.deployed, plan.night
     guards: list[RowGuard] = [PassageGuard(passage_tokens(engine), config.passages_per_step, config.passage_weight)]
-    styles = night_styles([*plan.new_train, *plan.held_new]) if config.compose_styles else []
     guards.append(
         anchor_hold(
             engine,
             plan.anchors,
-            styles,
+            plan.styles,
             experts.stack(None),
             experts.group,
             config.anchor_holds_per_step,
