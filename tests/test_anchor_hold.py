@@ -62,20 +62,17 @@ def test_the_hold_keeps_an_anchors_known_tokens_near_the_bare_model_against_a_ni
     """A night that teaches the opposite of an anchor's answer, with and without the hold: the
     held tokens keep most of their bare log-probability with it, and the step logs the term."""
     pytest.importorskip("peft")
-    from tinymodels import TinyConfig, build_tiny_model
+    from tinymodels import TinyConfig, build_tiny_model, tiny_trainer
 
     from macaron_local.adapters import BaseModelInfo
     from macaron_local.engine import Engine, EngineConfig
     from macaron_local.learn.backends.base import make_batch
-    from macaron_local.learn.backends.torch_backend import TorchBackend
     from macaron_local.learn.episodes import Episode
     from macaron_local.learn.loop import LearnConfig, completion_tokens, train
 
     tiny = build_tiny_model(tmp_path / "llama.gguf", TinyConfig(arch="llama", n_ctx_train=512))
     base = BaseModelInfo.from_gguf(tiny.path)
-    backend = TorchBackend(lr=3e-2, threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=4, alpha=8.0)
+    backend = tiny_trainer(tiny, lr=3e-2)
     start = backend.lora_weights()
     config = LearnConfig(steps=10, episodes_per_step=1, group_size=2, max_new_tokens=6, refresh_every=5, lr=3e-2)
     question = [{"role": "user", "content": "ab"}]

@@ -85,12 +85,11 @@ def test_no_rows_without_weight_or_corrections():
 def test_imitation_rows_teach_the_corrections_more_in_the_same_steps(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("peft")
-    from tinymodels import TinyConfig, build_tiny_model
+    from tinymodels import TinyConfig, build_tiny_model, tiny_trainer
 
     from macaron_local.adapters import BaseModelInfo
     from macaron_local.engine import Engine, EngineConfig
     from macaron_local.learn.backends.base import make_batch
-    from macaron_local.learn.backends.torch_backend import TorchBackend
     from macaron_local.learn.imitation import imitation_guard
     from macaron_local.learn.loop import LearnConfig, completion_tokens, train
 
@@ -103,9 +102,7 @@ def test_imitation_rows_teach_the_corrections_more_in_the_same_steps(tmp_path):
         Episode([{"role": "user", "content": q}], a, None, content_only=True) for q, a in [("ef", "fe"), ("gh", "hg")]
     ]
     episodes = [*corrections, *anchors]
-    backend = TorchBackend(lr=2e-2, threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=4, alpha=8.0)
+    backend = tiny_trainer(tiny, lr=2e-2)
     start = backend.lora_weights()
     base = BaseModelInfo.from_gguf(tiny.path)
     config = LearnConfig(steps=4, episodes_per_step=2, group_size=2, max_new_tokens=6, refresh_every=8, lr=2e-2)

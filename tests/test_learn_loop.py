@@ -10,12 +10,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from tinymodels import TinyConfig, build_tiny_model  # noqa: E402
+from tinymodels import TinyConfig, build_tiny_model, tiny_trainer  # noqa: E402
 
 from macaron_local.adapters import BaseModelInfo  # noqa: E402
 from macaron_local.engine import Engine, EngineConfig  # noqa: E402
 from macaron_local.learn.backends.base import make_batch  # noqa: E402
-from macaron_local.learn.backends.torch_backend import TorchBackend  # noqa: E402
 from macaron_local.learn.episodes import Episode  # noqa: E402
 from macaron_local.learn.loop import (  # noqa: E402
     LearnConfig,
@@ -35,14 +34,6 @@ TWO_CORRECTIONS = [
     Episode(messages=[{"role": "user", "content": "ab"}], chosen="ba ba", rejected="ab ab"),
     Episode(messages=[{"role": "user", "content": "cd"}], chosen="dc dc", rejected="cd cd"),
 ]
-
-
-def tiny_trainer(tiny, lr: float = 1e-4, rank: int = 4) -> TorchBackend:
-    """The torch trainer on the tiny model with a fresh LoRA (alpha = 2 x rank)."""
-    backend = TorchBackend(lr=lr, threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=rank, alpha=2.0 * rank)
-    return backend
 
 
 def test_train_moves_toward_corrections_and_cleans_up(tiny, tmp_path):

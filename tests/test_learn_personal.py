@@ -15,12 +15,12 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from conftest import run_cli, write_random_adapter  # noqa: E402
+from tinymodels import tiny_trainer  # noqa: E402
 
 from macaron_local.adapters import BaseModelInfo  # noqa: E402
 from macaron_local.catalog import Catalog  # noqa: E402
 from macaron_local.engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 from macaron_local.learn.backends.base import make_batch  # noqa: E402
-from macaron_local.learn.backends.torch_backend import TorchBackend  # noqa: E402
 from macaron_local.learn.episodes import episodes_from_store  # noqa: E402
 from macaron_local.learn.loop import LearnConfig, completion_tokens  # noqa: E402
 from macaron_local.learn.personal import PERSONAL_SLOT  # noqa: E402
@@ -100,9 +100,7 @@ def test_the_trainer_carries_each_episodes_own_expert_underneath(experts_home):
     what llama.cpp serves with that expert stacked: the reference the personal LoRA trains on."""
     _, model, adapters, catalog, manifest = experts_home
     base = BaseModelInfo.from_gguf(model.path)
-    backend = TorchBackend(threads=2)
-    backend.load(model.path)
-    backend.add_lora(rank=2, alpha=4.0)
+    backend = tiny_trainer(model, rank=2)
     with Engine(EngineConfig(model_path=model.path, n_ctx=256, kv_f32=True)) as engine:
         experts = Experts(engine, catalog, manifest, base)
         experts.backend = backend

@@ -48,12 +48,11 @@ def test_the_term_counts_held_tokens_only():
 
 def test_a_taught_lesson_is_found_and_held_against_a_contradicting_night(tmp_path):
     pytest.importorskip("peft")
-    from tinymodels import TinyConfig, build_tiny_model
+    from tinymodels import TinyConfig, build_tiny_model, tiny_trainer
 
     from macaron_local.adapters import BaseModelInfo
     from macaron_local.engine import Engine, EngineConfig
     from macaron_local.learn.backends.base import make_batch
-    from macaron_local.learn.backends.torch_backend import TorchBackend
     from macaron_local.learn.episodes import Episode
     from macaron_local.learn.export import export_gguf
     from macaron_local.learn.lesson_guard import lesson_guard
@@ -61,9 +60,7 @@ def test_a_taught_lesson_is_found_and_held_against_a_contradicting_night(tmp_pat
 
     tiny = build_tiny_model(tmp_path / "llama.gguf", TinyConfig(arch="llama", n_ctx_train=512))
     base = BaseModelInfo.from_gguf(tiny.path)
-    backend = TorchBackend(lr=3e-2, threads=2)
-    backend.load(tiny.path)
-    backend.add_lora(rank=4, alpha=8.0)
+    backend = tiny_trainer(tiny, lr=3e-2)
     question = Episode(messages=[{"role": "user", "content": "ab"}], chosen=None, rejected=None)
     config = LearnConfig(steps=12, episodes_per_step=1, group_size=2, max_new_tokens=6, refresh_every=4, lr=3e-2)
     with Engine(EngineConfig(model_path=tiny.path, n_ctx=256, n_threads=2)) as engine:

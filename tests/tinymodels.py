@@ -33,6 +33,7 @@ __all__ = [
     "permute_qk",
     "random_weights",
     "tensor_shapes",
+    "tiny_trainer",
     "unpermute_qk",
     "write_tiny_model",
 ]
@@ -279,3 +280,14 @@ def build_tiny_model(path: str | Path, config: TinyConfig | None = None, seed: i
     """Write a random tiny model to ``path`` and return it with its weights."""
     config = config or TinyConfig()
     return write_tiny_model(path, config, random_weights(config, seed))
+
+
+def tiny_trainer(model: TinyModel, lr: float = 1e-4, rank: int = 4):
+    """The torch trainer on ``model`` with a fresh LoRA (alpha = 2 x rank, two threads): what
+    the learning tests train. Torch is imported here, so the builders above need none."""
+    from macaron_local.learn.backends.torch_backend import TorchBackend
+
+    backend = TorchBackend(lr=lr, threads=2)
+    backend.load(model.path)
+    backend.add_lora(rank=rank, alpha=2.0 * rank)
+    return backend
