@@ -209,6 +209,16 @@ def test_lesson_words_are_what_the_corrections_keep_adding() -> None:
         assert lesson_words(corrections(scenario), []) == frozenset(), scenario
 
 
+def test_each_lesson_of_a_crowded_night_is_found() -> None:
+    """Three scenarios' corrections on one night: each lesson's words are in a third of them, below
+    the share, and six corrections are enough; a format's night adds none of its own."""
+    night = [*corrections("allergy"), *corrections("sistername"), *corrections("bullets")]
+    assert lesson_words(night, []) == {"peanu", "aller", "lena"}
+    knee = [*corrections("kneeinjury"), *corrections("drokafor"), *corrections("carcivic")]
+    assert {"knee", "okafo", "civic"} <= lesson_words(knee, [])
+    assert lesson_words(night[:12] + ["Boil it, Sam."] * 5, []) == {"peanu", "aller"}  # five of 17: not yet
+
+
 def test_a_word_the_model_said_anyway_or_one_correction_alone_is_no_lesson() -> None:
     fixed = ["Soak it in water, Sam.", "Water it weekly, Sam.", "Sam, add water slowly.", "Sam: stir well."]
     assert lesson_words(fixed, []) == {"sam", "water"}  # in 4 and in 3 of 4

@@ -20,6 +20,12 @@ CONTENT_ENOUGH = 0.75
 #: `LESSON_MIN_CORRECTIONS` of them: what the user keeps adding, not what one reply was about.
 LESSON_SHARE = 0.5
 LESSON_MIN_CORRECTIONS = 3
+#: ... and a word in this many corrections is one, whatever share of the night they are. Three
+#: lessons on one night (36 corrections, a dozen each) put no word in half of them, so the share
+#: alone found none there: a bad knee, a doctor's name and a car, or an allergy and a sister's
+#: name, each added by 11 or 12, and the choice never saw whether a fact was applied. Up to a
+#: dozen corrections the share asks for six or fewer anyway, so such a night finds what it did.
+LESSON_ENOUGH_CORRECTIONS = 6
 #: A correction at most this share of the rejected reply's words cut it: the user wants it shorter.
 CUT_SHARE = 0.75
 #: What giving back all of a cut costs a sample, on chrF's [-1, 1] scale (`length_given_back`).
@@ -114,8 +120,9 @@ def content_kept(sample: str, answer: str, question: str = "", enough: float = C
 
 def lesson_words(corrections: Sequence[str], rejected: Sequence[str]) -> frozenset[str]:
     """The content words (`content_words`) the user keeps adding: in at least `LESSON_SHARE` of
-    the `corrections` (and at least `LESSON_MIN_CORRECTIONS` of them), and in fewer than that
-    share of the `rejected` replies, so not what the model said anyway.
+    the `corrections` or in `LESSON_ENOUGH_CORRECTIONS` of them (and at least
+    `LESSON_MIN_CORRECTIONS`), and in fewer than `LESSON_SHARE` of the `rejected` replies, so
+    not what the model said anyway.
 
     A personal fact or a named prefix shows up as such words ("peanu", "aller"; "lena";
     "short" for "In short:"); a format, a case or a length shows up as none, and then nothing
@@ -125,7 +132,7 @@ def lesson_words(corrections: Sequence[str], rejected: Sequence[str]) -> frozens
         return frozenset()
     added = Counter(w for text in corrections for w in content_words(text))
     said = Counter(w for text in rejected for w in content_words(text))
-    wanted = max(LESSON_MIN_CORRECTIONS, LESSON_SHARE * len(corrections))
+    wanted = max(LESSON_MIN_CORRECTIONS, min(LESSON_SHARE * len(corrections), LESSON_ENOUGH_CORRECTIONS))
     return frozenset(w for w, n in added.items() if n >= wanted and said[w] < LESSON_SHARE * max(len(rejected), 1))
 
 
