@@ -20,9 +20,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gguf
 import numpy as np
+
+if TYPE_CHECKING:
+    from macaron_local.learn.backends.torch_backend import TorchBackend
 
 __all__ = [
     "ARCHES",
@@ -282,7 +286,7 @@ def build_tiny_model(path: str | Path, config: TinyConfig | None = None, seed: i
     return write_tiny_model(path, config, random_weights(config, seed))
 
 
-def tiny_trainer(model: TinyModel, lr: float = 1e-4, rank: int = 4):
+def tiny_trainer(model: TinyModel, lr: float = 1e-4, rank: int = 4) -> TorchBackend:
     """The torch trainer on ``model`` with a fresh LoRA (alpha = 2 x rank, two threads): what
     the learning tests train. Torch is imported here, so the builders above need none."""
     from macaron_local.learn.backends.torch_backend import TorchBackend

@@ -23,7 +23,7 @@ LESSON_MIN_CORRECTIONS = 3
 #: ... and a word in this many corrections is one, whatever share of the night they are. Three
 #: lessons on one night (36 corrections, a dozen each) put no word in half of them, so the share
 #: alone found none there: a bad knee, a doctor's name and a car, or an allergy and a sister's
-#: name, each added by 11 or 12, and the choice never saw whether a fact was applied. Up to a
+#: name, each in 10 to 12 of them, and the choice never saw whether a fact was applied. Up to a
 #: dozen corrections the share asks for six or fewer anyway, so such a night finds what it did.
 LESSON_ENOUGH_CORRECTIONS = 6
 #: A correction at most this share of the rejected reply's words cut it: the user wants it shorter.
