@@ -6,9 +6,9 @@ corrections the simulated user makes that day. After the night's real learning p
 `macaron learn`: `learn_once` with the settings' `[learn]` config), every scenario seen so far
 is scored on its held-out prompts (greedy replies, routed and served as the chat serves them).
 
-Output: {"before": {name: share}, "nights": [{"scenarios": [names], "wall_s": s,
-"shares": {name: share}, "decisions": [per slot: decision, reason, candidates tried with their
-gate figures]}, ...]}.
+Output: {"learn": the settings given, "home": the store's folder, kept for bench/candidates.py,
+"before": {name: share}, "nights": [{"scenarios": [names], "wall_s": s, "shares": {name: share},
+"decisions": [per slot: decision, reason, candidates tried with their gate figures]}, ...]}.
 Each night's decision also goes to stderr.
 
 Target: two nights with different scenarios keep night 1's share within 0.1 of its value
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     session = Session(settings, engine_config={"n_ctx": 2048})
     before = {s.get("name", s["_path"]): share(session, s) for night in nights for s in night}
-    report: dict = {"learn": overrides, "before": before}
+    report: dict = {"learn": overrides, "home": str(home), "before": before}  # home: bench/candidates.py reads it
     report["nights"] = []
     seen: list[dict] = []
     for night in nights:

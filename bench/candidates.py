@@ -1,0 +1,84 @@
+"""Every candidate of a store's latest learning run, served: the share of each scenario's
+held-out prompts whose greedy reply passes its check, as `bench/nights.py` scores what it deployed.
+
+A night deploys one candidate after judging a few. Whether a lesson that missed was in another
+candidate (the choice to mend) or in none (the training to mend) takes them all served. Run the
+night with the back-off told to judge everything, so every checkpoint is exported and registered
+(no patience, a budget it never reaches, a margin that always looks past the first candidate):
+
+    python bench/nights.py --json --learn backoff_s=3000 --learn backoff_patience=0 \
+        --learn overfit_margin=-100 a.json,b.json,c.json          # its output names its "home"
+    python bench/candidates.py --json --home HOME a.json b.json c.json
+
+Output: {"home", "run", "chosen", "bare": {name: share}, "candidates": [{"name", "status",
+"passed", "regression_qa_after", "shares": {name: share}}, ...]}, candidates in the order the
+night judged them. The reference is the bare experts (no personal adapter), served in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from common import emit
+from learning import checker, heldout_share, load_scenario
+
+from macaron_local.errors import MacaronError
+from macaron_local.session import Session
+from macaron_local.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("scenarios", nargs="+", metavar="SCENARIO", help="scenario files to serve each candidate on")
+    parser.add_argument("--home", required=True, help="the MACARON_HOME of the run (bench/nights.py prints it)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    scenarios = [load_scenario(Path(p)) for p in args.scenarios]
+    home = Path(args.home)
+    if not (home / "config").is_dir():
+        raise SystemExit(f"error: {home} is not a macaron home (no config folder)")
+    try:
+        session = Session(Settings.load(home), engine_config={"n_ctx": 2048})
+    except MacaronError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    try:
+        runs = session.store.learning_runs()
+        if not runs:
+            raise SystemExit(f"error: {home} holds no learning run")
+        run = runs[-1]
+        versions = [v for v in session.store.adapter_versions() if v.learning_run_id == run.id]
+        experts_only = session._experts.get  # noqa: SLF001  (the experts alone: no personal adapter)
+
+        def stack_with(handle):
+            return lambda slot: [h for h in (experts_only(slot), handle) if h is not None]
+
+        def shares(stack) -> dict[str, float]:
+            return {
+                s["name"]: heldout_share(session, stack, session.system_prompt, s["heldout"], checker(s))[0]
+                for s in scenarios
+            }
+
+        result = {"home": str(home), "run": run.id, "chosen": run.metrics.get("chosen")}
+        result["bare"] = shares(stack_with(None))
+        served = []
+        for version in versions:
+            candidate = version.evaluations.get("candidate", {})
+            handle = session.engine.load_adapter(Path(version.path))
+            served.append(
+                {
+                    "name": candidate.get("name"),
+                    "status": version.status,
+                    "passed": candidate.get("passed"),
+                    "regression_qa_after": candidate.get("regression_qa_after"),
+                    "shares": shares(stack_with(handle)),
+                }
+            )
+        result["candidates"] = served
+    finally:
+        session.close()
+    return emit(result, args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
