@@ -1,5 +1,7 @@
-"""Every candidate of a store's latest learning run, served: the share of each scenario's
-held-out prompts whose greedy reply passes its check, as `bench/nights.py` scores what it deployed.
+"""Every candidate of a store's latest learning run, served on scenarios' held-out prompts.
+
+Each share is that of a scenario's held-out prompts whose greedy reply passes its check, as
+`bench/nights.py` scores what it deployed.
 
 A night deploys one candidate after judging a few. Whether a lesson that missed was in another
 candidate (the choice to mend) or in none (the training to mend) takes them all served. Run the
