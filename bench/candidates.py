@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 
 from common import emit
-from learning import checker, heldout_share, load_scenario
+from learning import bare_stack, checker, heldout_share, load_scenario
 
 from macaron_local.errors import MacaronError
 from macaron_local.session import Session
@@ -50,10 +50,6 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {home} holds no learning run")
         run = runs[-1]
         versions = [v for v in session.store.adapter_versions() if v.learning_run_id == run.id]
-        experts_only = session._experts.get  # noqa: SLF001  (the experts alone: no personal adapter)
-
-        def stack_with(handle):
-            return lambda slot: [h for h in (experts_only(slot), handle) if h is not None]
 
         def shares(stack) -> dict[str, float]:
             return {
@@ -62,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             }
 
         result = {"home": str(home), "run": run.id, "chosen": run.metrics.get("chosen")}
-        result["bare"] = shares(stack_with(None))
+        result["bare"] = shares(bare_stack(session))
         served = []
         for version in versions:
             candidate = version.evaluations.get("candidate", {})
@@ -73,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                     "status": version.status,
                     "passed": candidate.get("passed"),
                     "regression_qa_after": candidate.get("regression_qa_after"),
-                    "shares": shares(stack_with(handle)),
+                    "shares": shares(bare_stack(session, handle)),
                 }
             )
         result["candidates"] = served

@@ -88,6 +88,14 @@ def served_stack(session: Session):
     return session.adapters_for
 
 
+def bare_stack(session: Session, adapter=None):
+    """slot -> the routed expert alone (no personal adapter), then `adapter` where one is given:
+    the bare experts a benchmark compares with, or a candidate served in place of what is deployed."""
+    experts_only = session._experts.get  # noqa: SLF001
+
+    return lambda slot: [h for h in (experts_only(slot), adapter) if h is not None]
+
+
 def heldout_share(session: Session, stack, system_prompt: str, prompts: list[str], check) -> tuple[float, float]:
     """Share of held-out prompts whose greedy reply passes the check, and the median TTFT (ms).
     Each prompt is routed as the chat routes it and answered under `stack(slot)`."""
@@ -251,10 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     regression_after = regression_score(engine, served_stack(session), system, serve)
     nll_delta = regression_after.passage_nll / regression_before.passage_nll - 1
 
-    experts_only = session._experts.get  # noqa: SLF001  (prompt memory: the experts, no learned adapter)
-
-    def bare(slot: str) -> list:
-        return [h for h in (experts_only(slot),) if h is not None]
+    bare = bare_stack(session)  # prompt memory: the experts, no learned adapter
 
     if args.ratings_only:  # the same signal, pasted: the replies the user liked, then disliked
         ordered = sorted(episodes, key=lambda e: e.chosen is None)

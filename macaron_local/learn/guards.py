@@ -13,6 +13,7 @@ per expert underneath and cached, since it does not change during a night.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Self
 
 import numpy as np
 
@@ -50,9 +51,7 @@ class RowGuard:
         self._reference: dict[tuple[str, int], np.ndarray] = {}
 
     @classmethod
-    def from_masked(
-        cls, rows: Sequence[tuple[str | None, Sequence[int], Sequence[int], np.ndarray]], per_step: int, weight: float
-    ):
+    def from_masked(cls, rows: Sequence[MaskedRow], per_step: int, weight: float) -> Self:
         """The guard of `(group, prompt, completion, held mask)` rows, as the builders find them."""
         return cls(
             [prompt for _, prompt, _, _ in rows],
