@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             raise SystemExit(f"error: {home} holds no learning run")
         run = runs[-1]
-        versions = [v for v in session.store.adapter_versions() if v.learning_run_id == run.id]
+        versions = session.store.adapter_versions(learning_run_id=run.id)
 
         def shares(stack) -> dict[str, float]:
             return {

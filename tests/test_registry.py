@@ -55,6 +55,18 @@ def test_register_deploy_and_roll_back(store, tiny_model, tmp_path):
     assert store.adapter_versions(slot="L2") == []
 
 
+def test_the_versions_of_one_learning_run(store, tiny_model, tmp_path):
+    model = tiny_model("llama", False)
+    made = {}
+    for seed, run in enumerate(["run-a", "run-b", "run-a", None], start=1):
+        path = write_random_adapter(tmp_path / f"v{seed}.gguf", model, rank=4, seed=seed)
+        made[seed] = store.register_adapter(path, slot="L0", base_model="tiny", rank=4, learning_run_id=run).id
+    assert [v.id for v in store.adapter_versions(learning_run_id="run-a")] == [made[1], made[3]]
+    assert [v.id for v in store.adapter_versions(learning_run_id="run-b")] == [made[2]]
+    assert store.adapter_versions(learning_run_id="run-c") == []
+    assert len(store.adapter_versions()) == 4
+
+
 def test_the_same_file_is_stored_once(store, tiny_model, tmp_path):
     model = tiny_model("llama", False)
     path = write_random_adapter(tmp_path / "a.gguf", model, rank=2, seed=3)

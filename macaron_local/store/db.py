@@ -586,10 +586,14 @@ class Store:
             return registry.get(db, version_id)
 
     def adapter_versions(
-        self, slot: str | None = None, base_model: str | None = None, newest: int | None = None
+        self,
+        slot: str | None = None,
+        base_model: str | None = None,
+        newest: int | None = None,
+        learning_run_id: str | None = None,
     ) -> list[AdapterVersion]:
         with self._reading() as db:
-            return registry.versions(db, slot, base_model, newest)
+            return registry.versions(db, slot, base_model, newest, learning_run_id)
 
     # ----------------------------------------------------------------- forgetting
     def forget(self, conversation_id: str) -> ForgetResult:

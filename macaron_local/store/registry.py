@@ -380,12 +380,17 @@ def find_by_base(db: Database, base_model: str, limit: int = PAGE, before: str |
 
 
 def versions(
-    db: Database, slot: str | None = None, base_model: str | None = None, newest: int | None = None
+    db: Database,
+    slot: str | None = None,
+    base_model: str | None = None,
+    newest: int | None = None,
+    learning_run_id: str | None = None,
 ) -> list[AdapterVersion]:
     """Versions oldest first; with `newest`, only the last `newest` of them (a page, not the
-    whole history: the registry may hold a million)."""
+    whole history: the registry may hold a million). `learning_run_id`: only the candidates
+    that run registered (indexed: a run's few among every night's)."""
     clauses, params = [], []
-    for column, value in (("slot", slot), ("base_model", base_model)):
+    for column, value in (("slot", slot), ("base_model", base_model), ("learning_run_id", learning_run_id)):
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
