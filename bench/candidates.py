@@ -51,11 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         run = runs[-1]
         versions = session.store.adapter_versions(learning_run_id=run.id)
 
+        checks = [(s["name"], s["heldout"], checker(s)) for s in scenarios]  # built once, used per candidate
+
         def shares(stack) -> dict[str, float]:
-            return {
-                s["name"]: heldout_share(session, stack, session.system_prompt, s["heldout"], checker(s))[0]
-                for s in scenarios
-            }
+            system = session.system_prompt
+            return {name: heldout_share(session, stack, system, held, check)[0] for name, held, check in checks}
 
         result = {"home": str(home), "run": run.id, "chosen": run.metrics.get("chosen")}
         result["bare"] = shares(bare_stack(session))
