@@ -56,8 +56,9 @@ class LearnConfig:
     # this many steps. At 72, three lessons on one night (81 episodes with anchors, 2.7 visits
     # each) taught a greeting beside two facts in 1 run of 3 (greeting 0.375, 0.875, 0.0); at
     # 108 (4 visits) in 2 of 2 (1.0, 1.0; 522 and 679 s). Nights of one lesson want fewer.
-    # Raised so a bad knee + an address + a car ran 162 steps (6 visits each, the anchor hold
-    # on, stop 53), the knee still served 0.5 in 1100 s: visits are not what it lacked.
+    # With the cap raised so that a bad knee + an address + a car ran 162 steps (6 visits each,
+    # the anchor hold on; stop 53), the knee still served 0.5, in 1100 s: visits were not what
+    # it lacked.
     steps: int = 108
     episodes_per_step: int = 2
     group_size: int = 2
