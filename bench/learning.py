@@ -19,7 +19,8 @@ heldout [prompt]):
 
 `after` and the regression figures are measured with whatever the run deployed (nothing, if the
 gate rejected every candidate); `deployed`, `decision_reason` and `slots` (one entry per slot
-the run decided on, with its candidates) say which.
+the run decided on, with its candidates) say which. `home` is the store's folder, kept for
+bench/candidates.py and bench/stacked.py.
 
 Usage: python bench/learning.py --scenario ../shared/scenarios/tldr.json --json
        python bench/learning.py --model tiny-qwen35moe --scenario ... --json   (Tall's code path:
@@ -286,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "scenario": scenario.get("name", args.scenario.stem),
+        "home": str(home),
         "model": session.manifest.name,
         "feedback": "ratings" if args.ratings_only else "corrections",
         "prompt_memory_items": f"{kept} of {len(items)} (what fits the context)",
