@@ -64,22 +64,62 @@ RATINGS_PER_PROMPT = 3
 
 
 def load_scenario(path: Path) -> dict:
+    """The scenario at `path`, checked whole before any model loads: a malformed file is one
+    line on stderr and exit 1, never a traceback an hour into a run. Its name is the file's stem
+    unless it names itself."""
     try:
         scenario = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: scenario {path} is unreadable: {exc}") from None
+    if not isinstance(scenario, dict):
+        raise SystemExit(f"error: scenario {path} is not a JSON object")
+    problem = _scenario_problem(scenario)
+    if problem:
+        raise SystemExit(f"error: scenario {path}: {problem}")
+    scenario.setdefault("name", path.stem)
+    return scenario
+
+
+def _scenario_problem(scenario: dict) -> str | None:
+    """What makes `scenario` unusable, or None."""
     for key in ("check", "train", "heldout"):
         if key not in scenario:
-            raise SystemExit(f"error: scenario {path} has no {key!r}")
-    if scenario["check"].get("type") != "regex":
-        raise SystemExit(f"error: scenario {path}: only regex checks are supported")
-    return scenario
+            return f"no {key!r}"
+    check = scenario["check"]
+    if not isinstance(check, dict) or check.get("type") != "regex":
+        return "only regex checks are supported"
+    if not isinstance(check.get("pattern"), str):
+        return "the check has no pattern"
+    flags = check.get("flags", "")
+    if not isinstance(flags, str) or set(flags) - set(REGEX_FLAGS):
+        return f"the check's flags {flags!r} are not some of {''.join(REGEX_FLAGS)!r}"
+    try:
+        checker(scenario)
+    except re.error as exc:
+        return f"the check's pattern does not compile: {exc}"
+    train = scenario["train"]
+    if not isinstance(train, list) or not train:
+        return "'train' is not a non-empty list"
+    for i, item in enumerate(train):
+        if not (isinstance(item, dict) and isinstance(item.get("prompt"), str) and item["prompt"].strip()):
+            return f"train[{i}] has no prompt"
+        if not (isinstance(item.get("correction"), str) and item["correction"].strip()):
+            return f"train[{i}] has no correction"
+    heldout = scenario["heldout"]
+    if not isinstance(heldout, list) or not heldout or not all(isinstance(p, str) and p.strip() for p in heldout):
+        return "'heldout' is not a non-empty list of prompts"
+    if "name" in scenario and not (isinstance(scenario["name"], str) and scenario["name"].strip()):
+        return "its name is not text"
+    return None
+
+
+REGEX_FLAGS = {"i": re.I, "m": re.M, "s": re.S, "x": re.X}
 
 
 def checker(scenario: dict):
     flags = 0
     for letter in scenario["check"].get("flags", ""):
-        flags |= {"i": re.I, "m": re.M, "s": re.S, "x": re.X}[letter]
+        flags |= REGEX_FLAGS[letter]
     pattern = re.compile(scenario["check"]["pattern"], flags)
     return lambda text: bool(pattern.search(text))
 

@@ -4,6 +4,7 @@ corrections fail its own check measures the check, not the learner)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -31,3 +32,34 @@ def test_a_scenario_loads_and_its_corrections_pass_its_check(path):
     assert failing == []
     trained = {t["prompt"].casefold() for t in scenario["train"]}
     assert not trained & {p.casefold() for p in scenario["heldout"]}  # held out means never trained on
+
+
+GOOD = {"check": {"type": "regex", "pattern": "x"}, "train": [{"prompt": "p", "correction": "x"}], "heldout": ["q"]}
+
+
+@pytest.mark.parametrize(
+    ("broken", "said"),
+    [
+        ([GOOD], "not a JSON object"),
+        ({k: v for k, v in GOOD.items() if k != "heldout"}, "no 'heldout'"),
+        (GOOD | {"check": {"type": "contains", "pattern": "x"}}, "only regex checks"),
+        (GOOD | {"check": {"type": "regex", "pattern": "("}}, "does not compile"),
+        (GOOD | {"check": {"type": "regex", "pattern": "x", "flags": "q"}}, "flags 'q'"),
+        (GOOD | {"train": []}, "'train' is not a non-empty list"),
+        (GOOD | {"train": [{"prompt": "p"}]}, r"train\[0\] has no correction"),
+        (GOOD | {"train": [{"correction": "x"}]}, r"train\[0\] has no prompt"),
+        (GOOD | {"heldout": ["q", 3]}, "'heldout' is not a non-empty list"),
+    ],
+)
+def test_a_malformed_scenario_is_one_line_before_any_model_loads(tmp_path, broken, said):
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken), encoding="utf-8")
+    with pytest.raises(SystemExit, match=said) as raised:
+        load_scenario(path)
+    assert str(raised.value).startswith("error: ") and "\n" not in str(raised.value)
+
+
+def test_a_scenario_without_a_name_is_named_by_its_file(tmp_path):
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(GOOD), encoding="utf-8")
+    assert load_scenario(path)["name"] == "plain"
