@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", required=True, help="the MACARON_HOME of the run (bench/nights.py prints it)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    scenarios = [load_scenario(Path(p)) for p in args.scenarios]
+    scenarios = [load_scenario(Path(p), corrections=False) for p in args.scenarios]
     home = Path(args.home)
     if not (home / "config").is_dir():
         raise SystemExit(f"error: {home} is not a macaron home (no config folder)")

@@ -63,24 +63,25 @@ GREEDY = GenerationParams(max_tokens=48, temperature=0.0, repeat_penalty=1.1)
 RATINGS_PER_PROMPT = 3
 
 
-def load_scenario(path: Path) -> dict:
+def load_scenario(path: Path, corrections: bool = True) -> dict:
     """The scenario at `path`, checked whole before any model loads: a malformed file is one
     line on stderr and exit 1, never a traceback an hour into a run. Its name is the file's stem
-    unless it names itself."""
+    unless it names itself. `corrections`: every train item must carry one (False where only
+    ratings or the held-out prompts are used, so a ratings-only file may leave them out)."""
     try:
         scenario = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: scenario {path} is unreadable: {exc}") from None
     if not isinstance(scenario, dict):
         raise SystemExit(f"error: scenario {path} is not a JSON object")
-    problem = _scenario_problem(scenario)
+    problem = _scenario_problem(scenario, corrections)
     if problem:
         raise SystemExit(f"error: scenario {path}: {problem}")
     scenario.setdefault("name", path.stem)
     return scenario
 
 
-def _scenario_problem(scenario: dict) -> str | None:
+def _scenario_problem(scenario: dict, corrections: bool) -> str | None:
     """What makes `scenario` unusable, or None."""
     for key in ("check", "train", "heldout"):
         if key not in scenario:
@@ -103,8 +104,9 @@ def _scenario_problem(scenario: dict) -> str | None:
     for i, item in enumerate(train):
         if not (isinstance(item, dict) and isinstance(item.get("prompt"), str) and item["prompt"].strip()):
             return f"train[{i}] has no prompt"
-        if not (isinstance(item.get("correction"), str) and item["correction"].strip()):
-            return f"train[{i}] has no correction"
+        correction = item.get("correction")
+        if (corrections or correction is not None) and not (isinstance(correction, str) and correction.strip()):
+            return f"train[{i}] has no correction" if correction is None else f"train[{i}]'s correction is not text"
     heldout = scenario["heldout"]
     if not isinstance(heldout, list) or not heldout or not all(isinstance(p, str) and p.strip() for p in heldout):
         return "'heldout' is not a non-empty list of prompts"
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, help="llama.cpp threads (the n_threads setting; default: its own)")
     args = parser.parse_args(argv)
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, corrections=not args.ratings_only)
     check = checker(scenario)
     started = time.perf_counter()
 

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         scales = [float(s) for s in args.scales.split(",")]
     except ValueError:
         raise SystemExit(f"error: --scales {args.scales!r} is not a list of numbers") from None
-    scenarios = [load_scenario(Path(p)) for p in args.scenarios]
+    scenarios = [load_scenario(Path(p), corrections=False) for p in args.scenarios]
     homes = [Path(h) for h in args.home]
     adapters = [deployed_adapter(h) for h in homes]
     checks = [(s["name"], s["heldout"], checker(s)) for s in scenarios]

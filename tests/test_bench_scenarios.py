@@ -63,3 +63,12 @@ def test_a_scenario_without_a_name_is_named_by_its_file(tmp_path):
     path = tmp_path / "plain.json"
     path.write_text(json.dumps(GOOD), encoding="utf-8")
     assert load_scenario(path)["name"] == "plain"
+
+
+def test_a_ratings_only_file_may_leave_out_the_corrections(tmp_path):
+    path = tmp_path / "ratings.json"
+    path.write_text(json.dumps(GOOD | {"train": [{"prompt": "p"}]}), encoding="utf-8")
+    assert load_scenario(path, corrections=False)["train"] == [{"prompt": "p"}]
+    path.write_text(json.dumps(GOOD | {"train": [{"prompt": "p", "correction": 3}]}), encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"train\[0\]'s correction is not text"):
+        load_scenario(path, corrections=False)
