@@ -22,8 +22,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common import emit
-from learning import bare_stack, checker, heldout_share, load_scenario
+from common import emit, macaron_home
+from learning import bare_stack, heldout_shares, load_scenario, scenario_checks
 
 from macaron_local.errors import MacaronError
 from macaron_local.session import Session
@@ -37,9 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     scenarios = [load_scenario(Path(p), corrections=False) for p in args.scenarios]
-    home = Path(args.home)
-    if not (home / "config").is_dir():
-        raise SystemExit(f"error: {home} is not a macaron home (no config folder)")
+    home = macaron_home(args.home)
     try:
         session = Session(Settings.load(home), engine_config={"n_ctx": 2048})
     except MacaronError as exc:
@@ -51,11 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         run = runs[-1]
         versions = session.store.adapter_versions(learning_run_id=run.id)
 
-        checks = [(s["name"], s["heldout"], checker(s)) for s in scenarios]  # built once, used per candidate
+        checks = scenario_checks(scenarios)
 
         def shares(stack) -> dict[str, float]:
-            system = session.system_prompt
-            return {name: heldout_share(session, stack, system, held, check)[0] for name, held, check in checks}
+            return heldout_shares(session, stack, checks)
 
         result = {"home": str(home), "run": run.id, "chosen": run.metrics.get("chosen")}
         result["bare"] = shares(bare_stack(session))

@@ -55,3 +55,12 @@ def emit(result: dict, as_json: bool) -> int:
         for key, value in result.items():
             print(f"{key}: {value}")
     return 0
+
+
+def macaron_home(path: str | Path) -> Path:
+    """`path` as a macaron home (a folder with a config folder), or exit with one line saying
+    it is not one: the benches that read a kept home take it from the user."""
+    home = Path(path)
+    if not (home / "config").is_dir():
+        raise SystemExit(f"error: {home} is not a macaron home (no config folder)")
+    return home

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from common import emit
@@ -153,6 +154,18 @@ def heldout_share(session: Session, stack, system_prompt: str, prompts: list[str
         passed += check(done.text)
         ttfts.append(done.ttft_ms)
     return passed / len(prompts), statistics.median(ttfts)
+
+
+def scenario_checks(scenarios: list[dict]) -> list[tuple[str, list[str], Callable[[str], bool]]]:
+    """(name, held-out prompts, check) of each scenario, each check built once for every
+    stack it will score."""
+    return [(s["name"], s["heldout"], checker(s)) for s in scenarios]
+
+
+def heldout_shares(session: Session, stack, checks) -> dict[str, float]:
+    """name -> `heldout_share` of each of `checks` (`scenario_checks`) under `stack`."""
+    system = session.system_prompt
+    return {name: heldout_share(session, stack, system, held, check)[0] for name, held, check in checks}
 
 
 def seed_feedback(session: Session, scenario: dict, check, ratings_only: bool) -> None:
@@ -328,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     _, plain_ttft = heldout_share(session, bare, system, scenario["heldout"][:3], check)
 
     report = {
-        "scenario": scenario.get("name", args.scenario.stem),
+        "scenario": scenario["name"],
         "home": str(home),
         "model": session.manifest.name,
         "feedback": "ratings" if args.ratings_only else "corrections",

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     nights = [[load_scenario(Path(p)) | {"_path": p} for p in night.split(",") if p] for night in args.nights]
     if not all(nights):
         raise SystemExit("error: every NIGHT names at least one scenario file")
-    names = [s.get("name", Path(s["_path"]).stem) for night in nights for s in night]
+    names = [s["name"] for night in nights for s in night]
     if len(set(names)) != len(names):
         raise SystemExit("error: scenario names must differ across nights")
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return value
 
     session = Session(settings, engine_config={"n_ctx": 2048})
-    before = {s.get("name", s["_path"]): share(session, s) for night in nights for s in night}
+    before = {s["name"]: share(session, s) for night in nights for s in night}
     report: dict = {"learn": overrides, "home": str(home), "before": before}  # home: bench/candidates.py reads it
     report["nights"] = []
     seen: list[dict] = []
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         session = Session(settings, engine_config={"n_ctx": 2048})  # serves what was deployed
         report["nights"].append(
             {
-                "scenarios": [s.get("name", s["_path"]) for s in night],
+                "scenarios": [s["name"] for s in night],
                 "wall_s": round(wall, 1),
-                "shares": {s.get("name", s["_path"]): share(session, s) for s in seen},
+                "shares": {s["name"]: share(session, s) for s in seen},
                 "decisions": decisions,
             }
         )

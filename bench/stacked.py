@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common import emit
-from learning import bare_stack, checker, heldout_share, load_scenario
+from common import emit, macaron_home
+from learning import bare_stack, heldout_shares, load_scenario, scenario_checks
 
+from macaron_local.catalog import Catalog
 from macaron_local.errors import MacaronError
+from macaron_local.learn.personal import PERSONAL_SLOT
 from macaron_local.learn.regression import score as regression_score
 from macaron_local.learn.run import serve_params
 from macaron_local.session import Session
@@ -33,21 +35,20 @@ from macaron_local.store import open_default_store
 
 
 def deployed_adapter(home: Path) -> Path:
-    """The personal adapter a home serves now (its newest deployed version), read from its
-    store without loading a model."""
-    if not (home / "config").is_dir():
-        raise SystemExit(f"error: {home} is not a macaron home (no config folder)")
+    """The personal adapter a home serves its default model now (the registry's deployment
+    of that slot, as the session looks it up), read without loading a model."""
+    settings = Settings.load(macaron_home(home))
     try:
-        store = open_default_store(Settings.load(home), readonly=True)
+        store = open_default_store(settings, readonly=True)
+        try:
+            deployed = store.deployed_adapter(PERSONAL_SLOT, Catalog(settings).default().name)
+        finally:
+            store.close()
     except MacaronError as exc:
         raise SystemExit(f"error: {exc}") from None
-    try:
-        deployed = [v for v in store.adapter_versions() if v.status == "deployed"]
-    finally:
-        store.close()
-    if not deployed:
+    if deployed is None:
         raise SystemExit(f"error: {home} has deployed no personal adapter")
-    return Path(deployed[-1].path)
+    return Path(deployed.path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = [load_scenario(Path(p), corrections=False) for p in args.scenarios]
     homes = [Path(h) for h in args.home]
     adapters = [deployed_adapter(h) for h in homes]
-    checks = [(s["name"], s["heldout"], checker(s)) for s in scenarios]
+    checks = scenario_checks(scenarios)
 
     session = Session(Settings.load(homes[0]), engine_config={"n_ctx": 2048})
     try:
@@ -74,10 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         def served(extra: list) -> dict:
             experts = bare_stack(session)
             stack = lambda slot: [*experts(slot), *extra]  # noqa: E731
-            system = session.system_prompt
-            regression = regression_score(session.engine, stack, system, params)
+            regression = regression_score(session.engine, stack, session.system_prompt, params)
             return {
-                "shares": {name: heldout_share(session, stack, system, held, check)[0] for name, held, check in checks},
+                "shares": heldout_shares(session, stack, checks),
                 "regression_qa": regression.qa_right,
                 "regression_nll": round(regression.passage_nll, 4),
             }

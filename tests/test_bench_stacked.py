@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from stacked import deployed_adapter  # noqa: E402
 
+from macaron_local.catalog import Catalog  # noqa: E402
+from macaron_local.learn.personal import PERSONAL_SLOT  # noqa: E402
 from macaron_local.settings import Settings  # noqa: E402
 from macaron_local.store import open_default_store  # noqa: E402
 
@@ -26,18 +28,19 @@ def _home(tmp_path: Path) -> Path:
 def test_the_newest_deployed_version_is_the_one_served(tmp_path, tiny_model):
     home = _home(tmp_path)
     model = tiny_model("llama", False)
-    with open_default_store(Settings.load(home)) as store:
-        first = store.register_adapter(
-            write_random_adapter(tmp_path / "1.gguf", model, rank=2, seed=1), slot="L0", base_model="tiny", rank=2
-        )
-        store.deploy_adapter(first.id)
-        second = store.register_adapter(
-            write_random_adapter(tmp_path / "2.gguf", model, rank=2, seed=2), slot="L0", base_model="tiny", rank=2
-        )
+    settings = Settings.load(home)
+    base = Catalog(settings).default().name
+
+    def register(store, seed: int, slot: str = PERSONAL_SLOT):
+        path = write_random_adapter(tmp_path / f"{seed}.gguf", model, rank=2, seed=seed)
+        return store.register_adapter(path, slot=slot, base_model=base, rank=2)
+
+    with open_default_store(settings) as store:
+        store.deploy_adapter(register(store, 1).id)
+        second = register(store, 2)
         store.deploy_adapter(second.id)
-        store.register_adapter(
-            write_random_adapter(tmp_path / "3.gguf", model, rank=2, seed=3), slot="L0", base_model="tiny", rank=2
-        )
+        register(store, 3)  # a candidate, never deployed
+        store.deploy_adapter(register(store, 4, slot="L0").id)  # an expert's slot, not the personal one
     assert deployed_adapter(home) == Path(second.path)
 
 
