@@ -254,3 +254,15 @@ def test_the_training_reward_adds_the_lesson_words_a_sample_says_but_not_on_an_a
     anchor = Episode(asked, "Keys, a phone and a wallet.", None, content_only=True)
     assert reward(applied, anchor) == default_reward(applied, anchor)
     assert lesson_reward(lesson, 0.0) is default_reward and lesson_reward(frozenset(), 0.5) is default_reward
+
+
+def test_lesson_reward_is_a_learn_setting_and_never_negative(home) -> None:
+    # A negative weight would teach the night to leave out what the user keeps adding.
+    from macaron_local.daemon.config import learn_config
+    from macaron_local.errors import InvalidInputError
+
+    home.save(learn={"lesson_reward": 0.5})
+    assert learn_config(home).lesson_reward == 0.5
+    home.save(learn={"lesson_reward": -0.5})
+    with pytest.raises(InvalidInputError, match="lesson_reward must be >= 0"):
+        learn_config(home)

@@ -152,6 +152,8 @@ def learn_config(settings: Settings) -> LearnConfig:
         raise InvalidInputError("[learn] anchor_hold_weight and anchor_holds_per_step must be >= 0")
     if config.lesson_weight < 0 or config.lessons_per_step < 0 or config.lesson_questions < 0:
         raise InvalidInputError("[learn] lesson_weight, lessons_per_step and lesson_questions must be >= 0")
+    if config.lesson_reward < 0:
+        raise InvalidInputError(f"[learn] lesson_reward must be >= 0 (got {config.lesson_reward})")
     if config.imitation_visits < 0:
         raise InvalidInputError(f"[learn] imitation_visits must be >= 0 (got {config.imitation_visits})")
     if not 0 <= config.average_share <= 1:
