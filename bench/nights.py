@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from common import emit
-from learning import checker, heldout_share, learn_setting, load_scenario, seed_feedback, served_stack
+from learning import checker, heldout_shares, learn_setting, load_scenario, scenario_checks, seed_feedback, served_stack
 
 from macaron_local.daemon.config import learn_config
 from macaron_local.errors import MacaronError
@@ -62,14 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     except MacaronError as exc:  # an unknown or mistyped --learn setting: one line, no traceback
         raise SystemExit(f"error: {exc}") from None
 
-    def share(session: Session, scenario: dict) -> float:
-        value, _ = heldout_share(
-            session, served_stack(session), session.system_prompt, scenario["heldout"], checker(scenario)
-        )
-        return value
+    def shares(session: Session, scenarios: list[dict]) -> dict[str, float]:
+        """Each of `scenarios`' held-out share under what `session` serves now."""
+        return heldout_shares(session, served_stack(session), scenario_checks(scenarios))
 
     session = Session(settings, engine_config={"n_ctx": 2048})
-    before = {s["name"]: share(session, s) for night in nights for s in night}
+    before = shares(session, [s for night in nights for s in night])
     report: dict = {"learn": overrides, "home": str(home), "before": before}  # home: bench/candidates.py reads it
     report["nights"] = []
     seen: list[dict] = []
@@ -97,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "scenarios": [s["name"] for s in night],
                 "wall_s": round(wall, 1),
-                "shares": {s["name"]: share(session, s) for s in seen},
+                "shares": shares(session, seen),
                 "decisions": decisions,
             }
         )
