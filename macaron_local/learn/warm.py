@@ -6,8 +6,10 @@ continues what the user already has instead of relearning it from zero on a samp
 episodes. The KL term then holds the night to where it started (`LearnConfig.kl_reference`,
 "deployed" by default): held to the base instead, every night pulled what earlier nights taught
 back toward the base, and replay had to win it back. The gate still compares with the base, a
-stable reference. Only an adapter of the same rank and alpha can be continued; anything else
-starts from zero.
+stable reference. An adapter of the same scale (alpha / rank) and no higher rank is continued:
+a lower-rank one (the user's versions from before a rank change) is widened exactly, its factors
+in the first rows and columns, the trainer's fresh A rows beside them and zero B columns, so it
+serves the same delta and the new directions can still learn. Anything else starts from zero.
 """
 
 from __future__ import annotations
@@ -45,17 +47,35 @@ def lora_factors(adapter_path: Path, base: BaseModelInfo, modules: list[str]) ->
 def warm_start(backend, adapter_path: Path, base: BaseModelInfo, rank: int, alpha: float) -> str:
     """Load the adapter's factors into the backend's fresh LoRA; returns what happened."""
     adapter = read_adapter(adapter_path)
-    if adapter.ranks != {rank} or abs(adapter.alpha - alpha) > 1e-6:
-        return f"started from zero: the deployed version has rank {sorted(adapter.ranks)}, alpha {adapter.alpha:g}"
+    if len(adapter.ranks) != 1 or (old_rank := next(iter(adapter.ranks))) > rank:
+        return f"started from zero: the deployed version has rank {sorted(adapter.ranks)}, the trainer {rank}"
+    if abs(adapter.alpha / old_rank - alpha / rank) > 1e-6:
+        return f"started from zero: the deployed version has rank {old_rank}, alpha {adapter.alpha:g}"
     current = backend.lora_weights()
     modules = sorted({name.rpartition(".")[0] for name in current})
     factors = lora_factors(adapter_path, base, modules)
     if factors is None:
         return "started from zero: the deployed version adapts layers the trainer lacks"
     for name, values in factors.items():
-        if name not in current:
-            continue
-        if current[name].shape != values.shape:  # MLX keeps the transposes
-            values = values.T
-        backend.set_lora_weight(name, values)
-    return f"continued from the deployed version ({len(factors) // 2} layers)"
+        if name in current:
+            backend.set_lora_weight(name, widened(name, values, current[name], rank))
+    widening = f", rank {old_rank} widened to {rank}" if old_rank < rank else ""
+    return f"continued from the deployed version ({len(factors) // 2} layers{widening})"
+
+
+def widened(name: str, values: np.ndarray, current: np.ndarray, rank: int) -> np.ndarray:
+    """`values` (PEFT orientation, the deployed rank) at the trainer's rank and orientation.
+
+    B @ A keeps its value: the extra A rows are the trainer's own fresh ones (so the new
+    directions get gradients) and the extra B columns are zero. MLX keeps both transposed."""
+    a_half = name.endswith("lora_A")
+    outer = values.shape[1] if a_half else values.shape[0]  # in (A) or out (B) features
+    peft_shape = (rank, outer) if a_half else (outer, rank)
+    fresh = current if current.shape == peft_shape else current.T
+    extra = rank - (values.shape[0] if a_half else values.shape[1])
+    if extra:
+        if a_half:
+            values = np.concatenate([values, fresh[rank - extra :].astype(values.dtype)], axis=0)
+        else:
+            values = np.concatenate([values, np.zeros((outer, extra), values.dtype)], axis=1)
+    return values if current.shape == peft_shape else values.T
