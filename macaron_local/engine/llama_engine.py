@@ -162,7 +162,37 @@ class AdapterSet:
         return self._view
 
 
-class Engine(AdapterSet):
+class Streams:
+    """Replies as streams, the same on every engine: `stream` hands back the text as it is
+    produced and a Completion that fills in as it ends; `generate` runs one to its end. Each
+    engine produces the text in its own `_stream` (llama.cpp here, an HTTP server remotely)."""
+
+    _active: tuple[tuple[str, float], ...]
+
+    def _stream(
+        self, prompt: list[int], params: GenerationParams, cancel: threading.Event | None, result: Completion
+    ) -> Iterator[str]:
+        raise NotImplementedError
+
+    def stream(
+        self,
+        prompt_tokens: Sequence[int],
+        params: GenerationParams | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Generation:
+        """Start a reply to `prompt_tokens`; iterate the result for text as it is produced."""
+        params = params or GenerationParams()
+        result = Completion(prompt_tokens=len(prompt_tokens), adapters=tuple(k for k, _ in self._active))
+        return Generation(self._stream(list(prompt_tokens), params, cancel, result), result)
+
+    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams | None = None) -> Completion:
+        generation = self.stream(prompt_tokens, params)
+        for _ in generation:
+            pass
+        return generation.result
+
+
+class Engine(AdapterSet, Streams):
     """One base model, any number of validated adapters, one context. Not re-entrant: one
     generation at a time (a lock enforces it)."""
 
@@ -438,23 +468,6 @@ class Engine(AdapterSet):
         self._checkpoint = checkpoint  # still the last prompt's end, and still a prefix
 
     # ----------------------------------------------------------------- generation
-    def stream(
-        self,
-        prompt_tokens: Sequence[int],
-        params: GenerationParams | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Generation:
-        """Start a reply to `prompt_tokens`; iterate the result for text as it is produced."""
-        params = params or GenerationParams()
-        result = Completion(prompt_tokens=len(prompt_tokens), adapters=tuple(k for k, _ in self._active))
-        return Generation(self._stream(list(prompt_tokens), params, cancel, result), result)
-
-    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams | None = None) -> Completion:
-        generation = self.stream(prompt_tokens, params)
-        for _ in generation:
-            pass
-        return generation.result
-
     def _stream(
         self,
         prompt: list[int],

@@ -26,8 +26,8 @@ from macaron_local.engine.llama_engine import (
     AdapterSet,
     Completion,
     EngineConfig,
-    Generation,
     GenerationParams,
+    Streams,
     file_key,
 )
 from macaron_local.engine.template import ChatTemplate, Message, fit_messages
@@ -45,7 +45,7 @@ class Piece:
     stop_token: int | None = None  # the end-of-generation token a "stop" ended on, if known
 
 
-class RemoteEngine(AdapterSet, ABC):
+class RemoteEngine(AdapterSet, Streams, ABC):
     """An engine whose model runs in a server. Like `Engine`, one generation at a time."""
 
     kind = "remote"
@@ -158,22 +158,6 @@ class RemoteEngine(AdapterSet, ABC):
             return changed
 
     # ----------------------------------------------------------------- generation
-    def stream(
-        self,
-        prompt_tokens: Sequence[int],
-        params: GenerationParams | None = None,
-        cancel: threading.Event | None = None,
-    ) -> Generation:
-        params = params or GenerationParams()
-        result = Completion(prompt_tokens=len(prompt_tokens), adapters=tuple(k for k, _ in self._active))
-        return Generation(self._stream(list(prompt_tokens), params, cancel, result), result)
-
-    def generate(self, prompt_tokens: Sequence[int], params: GenerationParams | None = None) -> Completion:
-        generation = self.stream(prompt_tokens, params)
-        for _ in generation:
-            pass
-        return generation.result
-
     def _stream(
         self, prompt: list[int], params: GenerationParams, cancel: threading.Event | None, result: Completion
     ) -> Iterator[str]:
