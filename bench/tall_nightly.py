@@ -211,7 +211,7 @@ def estimate(measured: dict, corrections: int) -> dict:
     expert_q8 = expert_bytes(TALL_EXPERT_TYPE)
     active_bytes = BASE_Q4_K_M_BYTES * a["tall_active_parameters"] / a["tall_total_parameters"]
     active_bytes += expert_q8 * 0.1  # the expert's non-routed pairs and 8 of 256 routed ones (about a tenth)
-    personal = personal_parameters(shapes, 8)
+    personal = personal_parameters(shapes, config.rank)
     expert_params = expert_parameters()
 
     results = {}
@@ -301,7 +301,7 @@ def estimate(measured: dict, corrections: int) -> dict:
         "corrections": corrections,
         "train_episodes": n_train,
         "personal_parameters": personal,
-        "routed_expert_personal_parameters_if_added": _routed(shapes, 8),
+        "routed_expert_personal_parameters_if_added": _routed(shapes, config.rank),
         "decode_efficiency_measured_here": round(measured_decode_eff, 3),
         "decode_efficiency_used": decode_eff,
         "trainer_efficiency_measured": round(trainer_eff, 4),

@@ -49,8 +49,14 @@ KL_REFERENCES = ("deployed", "base")  # what LearnConfig.kl_reference may name
 
 @dataclass
 class LearnConfig:
-    rank: int = 8
-    alpha: float = 16.0
+    # Rank 16, alpha 32: the scale (alpha / rank = 2) of the rank 8 / alpha 16 shipped until
+    # stop 57. Three lessons on one night crowd rank 8: allergy + bullets + sistername served the
+    # allergy on 0.125 to 0.375 of its prompts in 7 runs at rank 8, and 0.5 and 0.875 at rank 16;
+    # the Spanish class beside two lessons 0.25 to 0.375 in 4 runs, and 0.625 and 0.375. One
+    # lesson alone held (tldr 1.0, jobfact 0.875), at about a tenth more trainer time. A deployed
+    # version of a lower rank is widened, not dropped (learn/warm.py).
+    rank: int = 16
+    alpha: float = 32.0
     lr: float = 5e-4
     # The cap: a night runs about visits_per_episode visits per episode (learn.plan), at most
     # this many steps. At 72, three lessons on one night (81 episodes with anchors, 2.7 visits

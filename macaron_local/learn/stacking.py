@@ -11,13 +11,14 @@ y = W x + s_e B_e A_e x + s_p B_p A_p x, what llama.cpp computes with both adapt
 Personal adapter targets on Tall (`PERSONAL_TARGETS`): every linear layer except the routed
 experts and the output head, i.e. full-attention q/k/v/o, the Gated DeltaNet projections
 (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj) and the shared expert with its gate.
-Why: at rank 8 that is about 11M parameters (45 MB in float32, 135 MB with AdamW's state), while
-rank 8 on the 256 routed experts of 40 layers adds about 630M more (7.5 GB with AdamW), 56 times
+Why: at rank 16 that is about 22M parameters (90 MB in float32, 270 MB with AdamW's state), while
+rank 16 on the 256 routed experts of 40 layers adds about 1.26B more (15 GB with AdamW), 56 times
 the rest, for experts that each see about 8/256 of the tokens of a night's few thousand: most
 of those parameters would get almost no gradient. "LoRA Without Regret" finds the MLP matters
-most for LoRA; the shared expert is the MLP every token goes through, so it is kept. Rank 8
-(alpha 16) is the learning recipe's default: an RL night carries few bits, and rank costs
-memory linearly. Routed experts stay out until a measurement on Tall shows they are worth it.
+most for LoRA; the shared expert is the MLP every token goes through, so it is kept. Rank 16
+(alpha 32, `LearnConfig`): an RL night carries few bits and rank costs memory linearly, but
+three lessons on one night crowded rank 8 on the embedded model. Routed experts stay out until
+a measurement on Tall shows they are worth it.
 """
 
 from __future__ import annotations
