@@ -53,7 +53,7 @@ class LearnConfig:
     # stop 57. Three lessons on one night crowd rank 8: allergy + bullets + sistername served the
     # allergy on 0.125 to 0.375 of its prompts in 7 runs at rank 8, and 0.5 and 0.875 at rank 16;
     # the Spanish class beside two lessons 0.25 to 0.375 in 4 runs, and 0.625 and 0.375. One
-    # lesson alone held (tldr 1.0, jobfact 0.875), at about a tenth more trainer time. A deployed
+    # lesson alone held (tldr 1.0; jobfact 0.875 and 0.75), at about a tenth more time. A deployed
     # version of a lower rank is widened, not dropped (learn/warm.py).
     rank: int = 16
     alpha: float = 32.0
