@@ -26,6 +26,7 @@ from macaron_local.learn.backends.base import make_batch
 from macaron_local.learn.backends.checkpoint import choose_quantization, resolve_checkpoint
 from macaron_local.learn.export import export_gguf, parity_check
 from macaron_local.learn.stacking import PERSONAL_TARGETS
+from macaron_local.learn.warm import warm_start
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("torch", "peft", "transformers")), reason="builds with transformers"
@@ -64,7 +65,7 @@ def engine(tall):
         yield engine
 
 
-def trainer(checkpoint, lr: float = 1e-2, name: str = "torch", bits: int | str | None = None):
+def trainer(checkpoint, lr: float = 1e-2, name: str = "torch", bits: int | str | None = None, rank: int = 4):
     if name == "mlx":
         from macaron_local.learn.backends.mlx_backend import MlxBackend
 
@@ -74,7 +75,7 @@ def trainer(checkpoint, lr: float = 1e-2, name: str = "torch", bits: int | str |
 
         backend = TorchBackend(lr=lr, threads=2)
     backend.load(checkpoint.parent / "unused.gguf", checkpoint=str(checkpoint))
-    backend.add_lora(rank=4, alpha=8.0, seed=1)
+    backend.add_lora(rank=rank, alpha=2.0 * rank, seed=1)
     return backend
 
 
@@ -203,6 +204,27 @@ def test_qwen3_5_moe_trainer_export_parity_and_a_frozen_expert(tall, engine, tmp
     assert report.ok, report.summary()
     randomize_personal(backend, 0.5, seed=8)
     assert not parity_check(engine, adapter, backend, samples, tolerance=1e-4).ok
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("rank", [4, 8])
+def test_qwen3_5_moe_night_continues_the_deployed_version_exactly(tall, tmp_path, name, rank):
+    """Warm start on Tall's layout: the exported personal adapter read back into a fresh trainer
+    (same rank, or widened) scores as the one that wrote it. The tiny model has more value than
+    key heads, so the Gated DeltaNet rows and out_proj columns the export reorders must be put
+    back: read in GGUF order, the night started from a scrambled adapter (0.6 nats off)."""
+    _, checkpoint, base, _ = tall
+    writer = trainer(checkpoint, name=name)
+    randomize_personal(writer)
+    deployed = export_gguf(writer, base, tmp_path / "deployed.gguf", task_name="personal")
+    reader = trainer(checkpoint, name=name, rank=rank)
+    note = warm_start(reader, deployed, base, rank, 2.0 * rank)
+    assert note.startswith("continued from the deployed version") and ("widened" in note) == (rank == 8)
+    expected, bare = scored(writer), scored(writer, lora=False)
+    assert np.abs(expected - bare).max() > 0.05
+    np.testing.assert_allclose(scored(reader), expected, atol=1e-4)
+    moved = [k for k in reader.lora_weights() if "linear_attn" in k]
+    assert moved  # the layers whose order the export changes are among those read back
 
 
 def test_qwen3_5_moe_trainer_quantization_choice_and_checkpoint_resolution(tmp_path):

@@ -286,10 +286,7 @@ _FUSED_LINEAR = re.compile(_QWEN_LAYER + r"linear_attn\.(in_proj_qkvz|in_proj_ba
 
 def _plan_qwen35moe(modules: dict[str, dict[str, str]], ctx: _Context) -> list[PlannedPair]:
     """The qwen35moe modules whose GGUF tensors are split, stacked or reordered from HF's."""
-    hp = ctx.base.hparams
-    dims = qwen35moe.LinearAttentionDims(
-        hp.get("ssm.group_count", 0), hp.get("ssm.time_step_rank", 0), hp.get("ssm.state_size", 0)
-    )
+    dims = qwen35moe.LinearAttentionDims.from_hparams(ctx.base.hparams)
     planned: list[PlannedPair] = []
     per_expert: dict[tuple[int, str], dict[int, dict[str, str]]] = {}
     for module in sorted(modules):

@@ -42,6 +42,13 @@ class LinearAttentionDims:
     def value_dim(self) -> int:
         return self.n_v_heads * self.head_dim
 
+    @classmethod
+    def from_hparams(cls, hparams: dict) -> LinearAttentionDims:
+        """From a base's GGUF metadata (`BaseModelInfo.hparams`); zeros where it has none."""
+        return cls(
+            hparams.get("ssm.group_count", 0), hparams.get("ssm.time_step_rank", 0), hparams.get("ssm.state_size", 0)
+        )
+
 
 def v_head_order(n_k_heads: int, n_v_heads: int, head_dim: int) -> np.ndarray:
     """Index array taking grouped V rows (HF) to tiled V rows (GGUF): `gguf = hf[order]`."""
@@ -72,6 +79,18 @@ def out_proj_columns(dims: LinearAttentionDims) -> np.ndarray | None:
     if dims.n_k_heads == dims.n_v_heads:
         return None
     return v_head_order(dims.n_k_heads, dims.n_v_heads, dims.head_dim)
+
+
+def lora_orders(module: str, dims: LinearAttentionDims) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(B's row order, A's column order) that take a HF LoRA on `module` (its full dotted name)
+    to its GGUF tensor (`gguf = hf[order]`); None where that side is unchanged. Only the Gated
+    DeltaNet projections move; reading a GGUF LoRA back undoes them with `np.argsort`."""
+    parent, _, name = module.rpartition(".")
+    if not parent.endswith("linear_attn"):
+        return None, None
+    if name == "out_proj":
+        return None, out_proj_columns(dims)
+    return linear_attn_rows(name, dims), None
 
 
 def split_gate_up(rows: np.ndarray, axis: int = -2) -> tuple[np.ndarray, np.ndarray]:

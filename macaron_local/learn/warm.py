@@ -1,7 +1,8 @@
 """Nights that build on each other: start tonight's LoRA from the deployed personal version.
 
 The deployed GGUF adapter is read back into the trainer's LoRA factors (the inverse of the
-PEFT -> GGUF export: the same gguf-py name map, llama's q/k rows un-permuted), so a night
+PEFT -> GGUF export: the same gguf-py name map, llama's q/k rows un-permuted, qwen35moe's
+Gated DeltaNet value heads put back in HF's grouped order), so a night
 continues what the user already has instead of relearning it from zero on a sample of old
 episodes. The KL term then holds the night to where it started (`LearnConfig.kl_reference`,
 "deployed" by default): held to the base instead, every night pulled what earlier nights taught
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from macaron_local.adapters import qwen35moe
 from macaron_local.adapters.gguf_lora import read_adapter, unpermute_llama_qk_rows
 from macaron_local.adapters.peft import gguf_name, qk_permuted_heads
 from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
@@ -30,18 +32,30 @@ def lora_factors(adapter_path: Path, base: BaseModelInfo, modules: list[str]) ->
     validate_adapter(adapter_path, base)
     adapter = read_adapter(adapter_path)
     names = name_map(base)
-    by_tensor = {gguf_name(names, f"{m}.weight"): m for m in modules}
+    by_tensor = {gguf_name(names, f"{hf_module(m)}.weight"): m for m in modules}
+    dims = qwen35moe.LinearAttentionDims.from_hparams(base.hparams) if base.architecture == qwen35moe.ARCH else None
     factors: dict[str, np.ndarray] = {}
     for tensor, pair in adapter.pairs.items():
         module = by_tensor.get(tensor)
         if module is None:
             return None
-        b = pair.b.astype(np.float32)
+        a, b = pair.a.astype(np.float32), pair.b.astype(np.float32)
         if (heads := qk_permuted_heads(base, tensor)) is not None:
             b = unpermute_llama_qk_rows(b, heads)
-        factors[f"{module}.lora_A"] = pair.a.astype(np.float32)
+        rows, columns = qwen35moe.lora_orders(module, dims) if dims is not None else (None, None)
+        if rows is not None:
+            b = b[np.argsort(rows)]
+        if columns is not None:
+            a = a[:, np.argsort(columns)]
+        factors[f"{module}.lora_A"] = np.ascontiguousarray(a)
         factors[f"{module}.lora_B"] = np.ascontiguousarray(b)
     return factors
+
+
+def hf_module(module: str) -> str:
+    """The checkpoint's module path for a trainer module: mlx-lm wraps qwen3_5's decoder in
+    `language_model` (`language_model.model.layers.0...`), which the export drops too."""
+    return module.removeprefix("language_model.")
 
 
 def warm_start(backend, adapter_path: Path, base: BaseModelInfo, rank: int, alpha: float) -> str:
@@ -58,24 +72,23 @@ def warm_start(backend, adapter_path: Path, base: BaseModelInfo, rank: int, alph
         return "started from zero: the deployed version adapts layers the trainer lacks"
     for name, values in factors.items():
         if name in current:
-            backend.set_lora_weight(name, widened(name, values, current[name], rank))
+            backend.set_lora_weight(name, widened(name, values, current[name], rank, backend.lora_transposed))
     widening = f", rank {old_rank} widened to {rank}" if old_rank < rank else ""
     return f"continued from the deployed version ({len(factors) // 2} layers{widening})"
 
 
-def widened(name: str, values: np.ndarray, current: np.ndarray, rank: int) -> np.ndarray:
-    """`values` (PEFT orientation, the deployed rank) at the trainer's rank and orientation.
+def widened(name: str, values: np.ndarray, current: np.ndarray, rank: int, transposed: bool) -> np.ndarray:
+    """`values` (PEFT orientation, the deployed rank) at the trainer's rank and orientation
+    (`transposed`: the backend's `lora_transposed`, mlx-lm keeps both factors transposed).
 
     B @ A keeps its value: the extra A rows are the trainer's own fresh ones (so the new
-    directions get gradients) and the extra B columns are zero. MLX keeps both transposed."""
+    directions get gradients) and the extra B columns are zero."""
     a_half = name.endswith("lora_A")
-    outer = values.shape[1] if a_half else values.shape[0]  # in (A) or out (B) features
-    peft_shape = (rank, outer) if a_half else (outer, rank)
-    fresh = current if current.shape == peft_shape else current.T
+    fresh = current.T if transposed else current
     extra = rank - (values.shape[0] if a_half else values.shape[1])
     if extra:
         if a_half:
             values = np.concatenate([values, fresh[rank - extra :].astype(values.dtype)], axis=0)
         else:
-            values = np.concatenate([values, np.zeros((outer, extra), values.dtype)], axis=1)
-    return values if current.shape == peft_shape else values.T
+            values = np.concatenate([values, np.zeros((values.shape[0], extra), values.dtype)], axis=1)
+    return values.T if transposed else values

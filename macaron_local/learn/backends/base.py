@@ -133,6 +133,10 @@ def step_is_finite(loss: float, grad_norm: float) -> bool:
 
 class TrainerBackend(Protocol):
     name: str
+    #: How `lora_weights` lays the factors out: False for PEFT's A (r, in) and B (out, r), True
+    #: for mlx-lm's A (in, r) and B (r, out). Stated, not guessed from shapes: a square factor
+    #: (rank equal to a layer's width, as rank 32 on Tall's 32-head `in_proj_a`) reads both ways.
+    lora_transposed: bool
 
     def load(self, base_gguf: Path, checkpoint: str | None = None) -> None:
         """Load the base model: from the GGUF the engine runs, or a checkpoint the manifest names."""

@@ -51,6 +51,7 @@ def _require_mlx():
 
 class MlxBackend:
     name = "mlx"
+    lora_transposed = True
 
     def __init__(
         self, lr: float = 1e-4, dtype: str = "float32", bits: int | str | None = "auto", group_size: int = 64

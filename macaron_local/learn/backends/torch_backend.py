@@ -54,6 +54,7 @@ def _require_torch():
 
 class TorchBackend:
     name = "torch"
+    lora_transposed = False
 
     def __init__(self, lr: float = 1e-4, device: str | None = None, threads: int | None = None) -> None:
         torch = _require_torch()
