@@ -6,6 +6,7 @@ process, found by the garbage collector), not from a mock."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import shutil
 
@@ -87,7 +88,7 @@ def test_the_sequential_night_closes_the_engine_while_the_trainer_steps(home, ti
     assert phases[1] == "engine closed: True"
     assert "engine open while training: False" in phases[2]
     assert phases[3] == "trainer freed before the engine reopened: True" and phases[4].startswith("gate")
-    assert report.metrics["parity_max_abs_diff"] <= 5e-3  # a float32 base: both sides agree
+    assert report.metrics["parity_max_abs_diff"] <= 5e-3  # a float32 base; the rest is the F16 KV cache
     assert version.path and run.adapter_version == version.id  # exported, registered, gated
     assert "heldout_reward_after" in report.metrics and report.reason
 
@@ -110,11 +111,22 @@ def test_the_sequential_night_closes_the_engine_while_the_trainer_steps(home, ti
 
 def test_the_sequential_night_on_the_tiny_qwen3_5_moe_with_stacked_experts(tmp_path, monkeypatch):
     """Tall's path: four experts stacked in the trainer, switched per step; the sequential night
-    trains on exactly the rollouts the together night samples, completes, exports, passes parity."""
+    trains on exactly the rollouts the together night samples, completes, exports, passes parity.
+
+    The night's engine gets an F32 KV cache here, so parity can be held to float rounding. With
+    the served F16 cache the two sides differ by the cache's rounding, which grows with the
+    adapter's effect: one split of these random conversation ids gave 0.011 nats on a token the
+    adapter moved 0.10 (1e-5 with F32), and failed a 5e-3 bound one CI run in three."""
     import sys
     from pathlib import Path
 
     pytest.importorskip("transformers")
+    real_init = Engine.__init__
+
+    def exact_kv_cache(self, config, *args, **kwargs) -> None:
+        real_init(self, dataclasses.replace(config, kv_f32=True), *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "__init__", exact_kv_cache)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     import tiny_tall
 
@@ -142,7 +154,7 @@ def test_the_sequential_night_on_the_tiny_qwen3_5_moe_with_stacked_experts(tmp_p
     seq = reports["sequential"]
     assert seq.decision in ("deployed", "rejected") and seq.version_id
     assert "engine open while training: False" in seq.metrics["phases"][2]
-    assert seq.metrics["parity_max_abs_diff"] <= 5e-3
+    assert seq.metrics["parity_max_abs_diff"] <= 1e-3  # F32 throughout: float rounding (about 1e-5)
     assert np.allclose(seq.metrics["losses"], reports["together"].metrics["losses"], atol=1e-4)
 
 
