@@ -11,10 +11,19 @@ stable reference. An adapter of the same scale (alpha / rank) and no higher rank
 a lower-rank one (the user's versions from before a rank change) is widened exactly, its factors
 in the first rows and columns, the trainer's fresh A rows beside them and zero B columns, so it
 serves the same delta and the new directions can still learn. Anything else starts from zero.
+
+What was read back is checked by exporting it again: the export is what parity holds to
+llama.cpp every night, so a read-back that exports back to the deployed file's factors is the
+version the user is served. One that does not (a layout the read-back got wrong: until stop 58
+it left Tall's Gated DeltaNet heads in GGUF order) starts from zero and says so; training on
+from a start nobody was served would pass every later check, which compare the trainer with
+its own export. Exact, so it holds on a quantized base too, where comparing with llama.cpp
+would need parity's loose tolerance.
 """
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +33,11 @@ from macaron_local.adapters.gguf_lora import read_adapter, unpermute_llama_qk_ro
 from macaron_local.adapters.peft import gguf_name, qk_permuted_heads
 from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
 from macaron_local.learn.backends.gguf_weights import name_map
+from macaron_local.learn.export import export_gguf
+
+#: A read-back's factors may differ from the deployed file's by this share of the tensor's
+#: largest value: float32 rounding of the scale the export applies, nothing more.
+READ_BACK_TOLERANCE = 1e-5
 
 
 def lora_factors(adapter_path: Path, base: BaseModelInfo, modules: list[str]) -> dict[str, np.ndarray] | None:
@@ -73,8 +87,35 @@ def warm_start(backend, adapter_path: Path, base: BaseModelInfo, rank: int, alph
     for name, values in factors.items():
         if name in current:
             backend.set_lora_weight(name, widened(name, values, current[name], rank, backend.lora_transposed))
+    if (miss := read_back_miss(backend, adapter_path, base, old_rank)) is not None:
+        for name, values in current.items():
+            backend.set_lora_weight(name, values)
+        return f"started from zero: the deployed version did not read back exactly ({miss})"
     widening = f", rank {old_rank} widened to {rank}" if old_rank < rank else ""
-    return f"continued from the deployed version ({len(factors) // 2} layers{widening})"
+    return f"continued from the deployed version ({len(factors) // 2} layers{widening}, read back exactly)"
+
+
+def read_back_miss(backend, adapter_path: Path, base: BaseModelInfo, old_rank: int) -> str | None:
+    """Export the backend's LoRA and compare it with the deployed file, its first `old_rank`
+    ranks (a widened LoRA's others are fresh A rows under zero B columns): None when every
+    factor matches, else the worst tensor and by how much it is off."""
+    deployed = read_adapter(adapter_path)
+    with tempfile.TemporaryDirectory(prefix=".read-back-", dir=adapter_path.parent) as scratch:
+        again = read_adapter(export_gguf(backend, base, Path(scratch) / "read-back.gguf"))
+    worst, name_of_worst = 0.0, ""
+    for name, pair in deployed.pairs.items():
+        if name not in again.pairs:
+            return f"{name} is missing"
+        other = again.pairs[name]
+        for mine, theirs in ((pair.a, other.a[:old_rank]), (pair.b, other.b[:, :old_rank])):
+            if mine.shape != theirs.shape:
+                return f"{name} has shape {theirs.shape}, not {mine.shape}"
+            off = float(np.abs(mine - theirs).max()) / max(float(np.abs(mine).max()), 1e-30)
+            if off > worst:
+                worst, name_of_worst = off, name
+    if worst > READ_BACK_TOLERANCE:
+        return f"{name_of_worst} off by {worst:.1%} of its largest value"
+    return None
 
 
 def widened(name: str, values: np.ndarray, current: np.ndarray, rank: int, transposed: bool) -> np.ndarray:
