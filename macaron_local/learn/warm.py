@@ -114,7 +114,7 @@ def read_back_miss(backend, adapter_path: Path, base: BaseModelInfo, old_rank: i
             if off > worst:
                 worst, name_of_worst = off, name
     if worst > READ_BACK_TOLERANCE:
-        return f"{name_of_worst} off by {worst:.1%} of its largest value"
+        return f"{name_of_worst} differs by {worst:.2g}x its largest value"
     return None
 
 
