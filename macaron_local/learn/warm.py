@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from macaron_local.adapters import qwen35moe
-from macaron_local.adapters.gguf_lora import read_adapter, unpermute_llama_qk_rows
+from macaron_local.adapters.gguf_lora import LoraAdapter, read_adapter, unpermute_llama_qk_rows
 from macaron_local.adapters.peft import gguf_name, qk_permuted_heads
 from macaron_local.adapters.validate import BaseModelInfo, validate_adapter
 from macaron_local.learn.backends.gguf_weights import name_map
@@ -87,7 +87,7 @@ def warm_start(backend, adapter_path: Path, base: BaseModelInfo, rank: int, alph
     for name, values in factors.items():
         if name in current:
             backend.set_lora_weight(name, widened(name, values, current[name], rank, backend.lora_transposed))
-    if (miss := read_back_miss(backend, adapter_path, base, old_rank)) is not None:
+    if (miss := read_back_miss(backend, adapter, base, old_rank, adapter_path.parent)) is not None:
         for name, values in current.items():
             backend.set_lora_weight(name, values)
         return f"started from zero: the deployed version did not read back exactly ({miss})"
@@ -95,12 +95,12 @@ def warm_start(backend, adapter_path: Path, base: BaseModelInfo, rank: int, alph
     return f"continued from the deployed version ({len(factors) // 2} layers{widening}, read back exactly)"
 
 
-def read_back_miss(backend, adapter_path: Path, base: BaseModelInfo, old_rank: int) -> str | None:
-    """Export the backend's LoRA and compare it with the deployed file, its first `old_rank`
-    ranks (a widened LoRA's others are fresh A rows under zero B columns): None when every
-    factor matches, else the worst tensor and by how much it is off."""
-    deployed = read_adapter(adapter_path)
-    with tempfile.TemporaryDirectory(prefix=".read-back-", dir=adapter_path.parent) as scratch:
+def read_back_miss(backend, deployed: LoraAdapter, base: BaseModelInfo, old_rank: int, scratch_dir: Path) -> str | None:
+    """Export the backend's LoRA (into a temporary file under `scratch_dir`) and compare it with
+    the deployed adapter, its first `old_rank` ranks (a widened LoRA's others are fresh A rows
+    under zero B columns): None when every factor matches, else the worst tensor and by how
+    much it is off."""
+    with tempfile.TemporaryDirectory(prefix=".read-back-", dir=scratch_dir) as scratch:
         again = read_adapter(export_gguf(backend, base, Path(scratch) / "read-back.gguf"))
     worst, name_of_worst = 0.0, ""
     for name, pair in deployed.pairs.items():
