@@ -114,11 +114,12 @@ def test_tonights_lesson_comes_from_the_users_own_words_trained_or_held_out():
     night += [told(i, f"Liked reply {i} about Biscuit.", corrected=False) for i in range(7, 15)]  # sampled, not written
     plan = plan_night(night, [], LearnConfig())
     assert plan.held_new and plan.new_train
-    assert tonights_lesson(plan) == {"lena", "says", "hello", "answe"}  # every correction has them; no "biscu"
+    # Every correction has the words, and opens the same way; no "biscu".
+    assert tonights_lesson(plan) == {"lena", "says", "hello", "answe", "^Lena says hello, answer"}
     learned = run(plan)
     tomorrow = plan_night(
         [*night, told(20, "Sam, boil it."), told(21, "Sam, bake it."), told(22, "Sam, fry it.")],
         [learned],
         LearnConfig(),
     )
-    assert tonights_lesson(tomorrow) == {"sam"}  # only what is new tonight
+    assert tonights_lesson(tomorrow) == {"sam", "^Sam,"}  # only what is new tonight

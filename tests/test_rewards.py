@@ -11,11 +11,13 @@ import pytest
 
 from macaron_local.learn.rewards import (
     LENGTH_WEIGHT,
+    OPENING_MARK,
     chrf,
     content_kept,
     content_words,
     first_sentence,
     length_given_back,
+    lesson_opening,
     lesson_recall,
     lesson_words,
     preference_reward,
@@ -226,6 +228,41 @@ def test_a_word_the_model_said_anyway_or_one_correction_alone_is_no_lesson() -> 
     assert lesson_words(fixed[:2], []) == frozenset()  # two corrections: too few to tell a lesson
     half = ["Hi Sam, boil it.", "Hi Sam, bake it.", "Hi Sam, fry it.", "Grill it.", "Roast it.", "Steam it."]
     assert lesson_words(half, []) == {"sam"}  # 3 of 6 is half: enough
+
+
+def test_a_format_or_a_label_is_found_by_how_the_corrections_open() -> None:
+    """A format's marks are no words ("- [ ]") and a label's may be too short ("TL;DR"): the
+    opening the corrections share is the lesson mark; a fact, a case or a length has none."""
+    openings = {
+        "checklist": "- [ ]", "jsonanswer": '{"answer": "', "stepsformat": "Step 1:", "inshort": "In short:",
+        "numbered": "1.", "heading": "##", "boldlead": "**", "greetname": "Hi Sam,", "drokafor": "Dr. Okafor,",
+    }  # fmt: skip
+    for scenario, opening in openings.items():
+        assert lesson_opening(corrections(scenario), []) == {OPENING_MARK + opening}, scenario
+    for scenario in ("allergy", "movingoslo", "partnerjonas", "kneeinjury", "lowercase", "onesentence", "twelvewords"):
+        assert lesson_opening(corrections(scenario), []) == frozenset(), scenario
+
+
+def test_an_opening_is_whole_words_with_a_mark_in_it_that_the_model_did_not_use_already() -> None:
+    steps = ["Step 1: Rinse it.", "Step 1: Rub it.", "Step 1: Ring them."]
+    assert lesson_opening(steps, []) == {"^Step 1:"}  # not "Step 1: R", the start of three words
+    assert lesson_opening(["Your dog is Rex.", "Your dog likes it.", "Your dog, Rex."], []) == frozenset()  # no mark
+    assert lesson_opening(steps[:2], []) == frozenset()  # two corrections: too few
+    assert lesson_opening(steps, ["Step 1: Boil.", "Step 1: Fry.", "Just eat it."]) == frozenset()  # 2 of 3 did
+    assert lesson_opening(steps, ["Step 1: Boil.", "Just eat it.", "Fry it."]) == {"^Step 1:"}  # 1 of 3: a lesson
+    greeted = [f"Hi Sam, {rest}" for rest in ("you can.", "you may.", "you will.", "boil it.", "fry it.", "bake it.")]
+    assert lesson_opening(greeted, []) == {"^Hi Sam,"}  # not also "Hi Sam, you", which half of them go on with
+    night = [*corrections("checklist"), *corrections("allergy"), *corrections("inshort")]
+    assert lesson_opening(night, []) == {"^- [ ]", "^In short:"}  # two formats on one night: both
+
+
+def test_lesson_recall_counts_the_opening_as_one_mark_a_reply_says_by_beginning_with_it() -> None:
+    lesson = frozenset({OPENING_MARK + "- [ ]", "oslo"})
+    chosen = "- [ ] Book the movers for Oslo\n- [ ] Give notice on the flat"
+    assert lesson_recall("  - [ ] Pack for Oslo\n- [ ] Sell the car", chosen, lesson) == 1.0
+    assert lesson_recall("- [ ] Pack the boxes", chosen, lesson) == 0.5  # the format, not the city
+    assert lesson_recall("Pack the boxes for Oslo. - [ ] later", chosen, lesson) == 0.5  # the city, not the format
+    assert lesson_recall("- [ ] Pack", "Book the movers.", lesson) == 0.0  # a correction without either mark
 
 
 def test_lesson_recall_counts_the_lesson_words_of_the_correction_a_reply_says() -> None:

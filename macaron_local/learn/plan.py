@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from macaron_local.learn.compose import Style
 from macaron_local.learn.episodes import Episode
-from macaron_local.learn.rewards import lesson_words
+from macaron_local.learn.rewards import lesson_opening, lesson_words
 from macaron_local.store import LearningRun
 
 HELDOUT_SHARE = 0.25
@@ -61,11 +61,13 @@ class NightPlan:
 
 
 def tonights_lesson(plan: NightPlan) -> frozenset[str]:
-    """The words tonight's corrections keep adding (`rewards.lesson_words`), from every new one,
-    trained or held out: the user wrote them all, and the held-out ones are judged by them."""
+    """The marks of what tonight's corrections keep adding, from every new one, trained or held
+    out (the user wrote them all, and the held-out ones are judged by them): the words
+    (`rewards.lesson_words`) and the opening (`rewards.lesson_opening`)."""
     tonight = [*plan.new_train, *plan.held_new]
     corrections = [e.chosen for e in tonight if e.corrected and e.chosen]
-    return lesson_words(corrections, [r for e in tonight for r in e.all_rejected])
+    rejected = [r for e in tonight for r in e.all_rejected]
+    return lesson_words(corrections, rejected) | lesson_opening(corrections, rejected)
 
 
 def _counted(run: LearningRun) -> bool:

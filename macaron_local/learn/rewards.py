@@ -26,6 +26,12 @@ LESSON_MIN_CORRECTIONS = 3
 #: name, each in 10 to 12 of them, and the choice never saw whether a fact was applied. Up to a
 #: dozen corrections the share asks for six or fewer anyway, so such a night finds what it did.
 LESSON_ENOUGH_CORRECTIONS = 6
+#: An opening lesson mark (`lesson_opening`) is this character, then the opening: no lesson
+#: word has it (words are \w+), and it reads as "starts with", as in a regular expression.
+OPENING_MARK = "^"
+#: The longest opening looked for; a format's marks are short ('{"answer": "' is 12).
+OPENING_CHARS = 24
+_OPENING = re.compile(r"[^\w\s]")
 #: A correction at most this share of the rejected reply's words cut it: the user wants it shorter.
 CUT_SHARE = 0.75
 #: What giving back all of a cut costs a sample, on chrF's [-1, 1] scale (`length_given_back`).
@@ -136,17 +142,80 @@ def lesson_words(corrections: Sequence[str], rejected: Sequence[str]) -> frozens
     return frozenset(w for w, n in added.items() if n >= wanted and said[w] < LESSON_SHARE * max(len(rejected), 1))
 
 
+def lesson_opening(corrections: Sequence[str], rejected: Sequence[str]) -> frozenset[str]:
+    """The ways tonight's corrections keep opening a reply, as lesson marks (`OPENING_MARK` and the
+    opening: "^- [ ]", "^TL;DR:", '^{"answer": "'); none for most nights.
+
+    A format or a label shows up as no lesson words: its marks are not words ("- [ ]"), or too
+    short to count ("TL;DR"). Without them the gate read a checklist night as unchanged: on
+    the night after a move to Oslo (stop 59) the average candidate began all 3 held-out replies
+    with "- [ ]" and served the checklist on 8 of 8 unseen prompts, while the reward moved
+    +0.40, -0.33 and +0.50 on them (the content and the length differ from the corrections), and
+    it was rejected within noise.
+
+    An opening is a start that at least as many corrections share as a lesson word needs
+    (`lesson_words`), as long as it stays theirs, cut back to whole words, with a mark in it that is not a letter, a
+    digit or a space (so "Your " or "You are ", which a fact's corrections may share, is not a
+    format), and that fewer than `LESSON_SHARE` of the `rejected` replies began with already.
+    Two formats taught on one night give two.
+    """
+    texts = [text.lstrip() for text in corrections]
+    if len(texts) < LESSON_MIN_CORRECTIONS:
+        return frozenset()
+    wanted = max(LESSON_MIN_CORRECTIONS, min(LESSON_SHARE * len(texts), LESSON_ENOUGH_CORRECTIONS))
+    counts = Counter(text[:length] for text in texts for length in range(1, min(len(text), OPENING_CHARS) + 1))
+    # A start is whole when no longer start keeps every correction it opens: "- [ ] " (12 of 12),
+    # not "- [" (the same 12) nor "- [ ] S" (2).
+    whole = {
+        start
+        for start, count in counts.items()
+        if count >= wanted
+        and not any(
+            counts[start + c] == count
+            for c in {t[len(start)] for t in texts if t.startswith(start) and len(t) > len(start)}
+        )
+    }
+    # The first whole start of each: "Hi Sam, " (12), not also "Hi Sam, you" (6) within it.
+    first = {start for start in whole if not any(start.startswith(other) and other != start for other in whole)}
+    marks = set()
+    for start in first:
+        opening = _whole_words(start, texts)
+        began = sum(1 for text in rejected if text.lstrip().startswith(opening))
+        if _OPENING.search(opening) and not (rejected and began >= LESSON_SHARE * len(rejected)):
+            marks.add(OPENING_MARK + opening)
+    return frozenset(marks)
+
+
+def _whole_words(start: str, texts: Sequence[str]) -> str:
+    """`start` without a word it cuts short in any correction it begins ("Step 1: Rin" -> "Step 1:"),
+    and without the space that follows it."""
+    cuts_a_word = any(t.startswith(start) and t[len(start) : len(start) + 1].isalnum() for t in texts)
+    if start and start[-1].isalnum() and cuts_a_word:
+        start = re.sub(r"\w+\Z", "", start)
+    return start.rstrip()
+
+
 def lesson_recall(sample: str, chosen: str | None, lesson: frozenset[str]) -> float:
-    """The share of the lesson words in `chosen` (the user's correction) that `sample` says too,
+    """The share of the lesson marks of `chosen` (the user's correction) that `sample` says too,
     in [0, 1]; 0 when the correction has none (nothing to apply, so nothing to tell apart).
+    A mark is a lesson word (`lesson_words`) or an opening (`lesson_opening`), which a sample
+    says by beginning with it.
 
     chrF spreads its credit over every character of a correction, so a fact's two words move
     it by a few hundredths, within the noise of three held-out replies: on an allergy night the
     step-42 candidate named the allergy in 7 of 8 unseen prompts and the final in 3, and their
     rewards were 0.27 and 0.19 on 3 episodes. This counts only the words that carry the lesson.
     """
-    wanted = lesson & content_words(chosen or "")
-    return len(wanted & content_words(sample)) / len(wanted) if wanted else 0.0
+    openings = {mark for mark in lesson if mark.startswith(OPENING_MARK)}
+    words = lesson - openings
+    wanted_words = words & content_words(chosen or "")
+    wanted_openings = {mark for mark in openings if (chosen or "").lstrip().startswith(mark[len(OPENING_MARK) :])}
+    wanted = len(wanted_words) + len(wanted_openings)
+    if not wanted:
+        return 0.0
+    said = len(wanted_words & content_words(sample))
+    said += sum(1 for mark in wanted_openings if sample.lstrip().startswith(mark[len(OPENING_MARK) :]))
+    return said / wanted
 
 
 def word_count(text: str) -> int:

@@ -594,7 +594,8 @@ def _gate_and_record(
     judging = started_judging = time.perf_counter()
     bare = experts.stack(None)
     lesson = plan.lesson
-    reference = gate.score(engine, bare, [], [], system_prompt, serve).regression
+    bare_scores = gate.score(engine, bare, [], plan.held_old, system_prompt, serve)
+    reference = bare_scores.regression
     current = gate.score(
         engine, experts.stack(current_handle), plan.held_new, plan.held_old, system_prompt, serve, False, bare, lesson
     )
@@ -611,7 +612,7 @@ def _gate_and_record(
             engine, experts.stack(handle), plan.held_new, plan.held_old, system_prompt, serve, bare=bare, lesson=lesson
         )
         kept = lessons.kept_by(experts.stack(handle)) if lessons is not None else None
-        reasons, figures = gate.verdict(scores, current, reference, kept)
+        reasons, figures = gate.verdict(scores, current, reference, kept, bare_scores.held_old)
         if not parity.ok:
             reasons.insert(0, parity.summary())
         figures["parity_max_abs_diff"] = round(parity.max_abs_diff, 5)
