@@ -124,6 +124,13 @@ def content_kept(sample: str, answer: str, question: str = "", enough: float = C
     return min(1.0, kept / enough)
 
 
+def _lesson_support(corrections: int) -> float:
+    """How many of a night's `corrections` must carry a mark for it to be a lesson: at least
+    `LESSON_SHARE` of them or `LESSON_ENOUGH_CORRECTIONS`, and never under `LESSON_MIN_CORRECTIONS`
+    (`lesson_words` and `lesson_opening` alike)."""
+    return max(LESSON_MIN_CORRECTIONS, min(LESSON_SHARE * corrections, LESSON_ENOUGH_CORRECTIONS))
+
+
 def lesson_words(corrections: Sequence[str], rejected: Sequence[str]) -> frozenset[str]:
     """The content words (`content_words`) the user keeps adding: in at least `LESSON_SHARE` of
     the `corrections` or in `LESSON_ENOUGH_CORRECTIONS` of them (and at least
@@ -138,7 +145,7 @@ def lesson_words(corrections: Sequence[str], rejected: Sequence[str]) -> frozens
         return frozenset()
     added = Counter(w for text in corrections for w in content_words(text))
     said = Counter(w for text in rejected for w in content_words(text))
-    wanted = max(LESSON_MIN_CORRECTIONS, min(LESSON_SHARE * len(corrections), LESSON_ENOUGH_CORRECTIONS))
+    wanted = _lesson_support(len(corrections))
     return frozenset(w for w, n in added.items() if n >= wanted and said[w] < LESSON_SHARE * max(len(rejected), 1))
 
 
@@ -154,15 +161,16 @@ def lesson_opening(corrections: Sequence[str], rejected: Sequence[str]) -> froze
     it was rejected within noise.
 
     An opening is a start that at least as many corrections share as a lesson word needs
-    (`lesson_words`), as long as it stays theirs, cut back to whole words, with a mark in it that is not a letter, a
-    digit or a space (so "Your " or "You are ", which a fact's corrections may share, is not a
-    format), and that fewer than `LESSON_SHARE` of the `rejected` replies began with already.
+    (`_lesson_support`), as long as it stays theirs, cut back to whole words, with a mark in it
+    that is not a letter, a digit or a space (so "Your " or "You are ", which a fact's
+    corrections may share, is not a format), and that fewer than `LESSON_SHARE` of the
+    `rejected` replies began with already.
     Two formats taught on one night give two.
     """
     texts = [text.lstrip() for text in corrections]
     if len(texts) < LESSON_MIN_CORRECTIONS:
         return frozenset()
-    wanted = max(LESSON_MIN_CORRECTIONS, min(LESSON_SHARE * len(texts), LESSON_ENOUGH_CORRECTIONS))
+    wanted = _lesson_support(len(texts))
     counts = Counter(text[:length] for text in texts for length in range(1, min(len(text), OPENING_CHARS) + 1))
     # A start is whole when no longer start keeps every correction it opens: "- [ ] " (12 of 12),
     # not "- [" (the same 12) nor "- [ ] S" (2).
